@@ -1,0 +1,213 @@
+"""ExecGo settings, read from the environment.
+
+With no environment at all ExecGo runs on an embedded default that needs no
+services: SQLite (WAL) and Celery's filesystem broker under EXECGO_DATA_DIR.
+Production sets DATABASE_URL=postgres://… and CELERY_BROKER_URL=redis://….
+"""
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from execgo.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("EXECGO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "execgo-insecure-development-key-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_celery_beat",
+    "channels",
+    "runtime",
+    "runs",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "execgo.urls"
+WSGI_APPLICATION = "execgo.wsgi.application"
+ASGI_APPLICATION = "execgo.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+
+_SQLITE_PATH = DATA_DIR / "execgo.sqlite3"
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_SQLITE_PATH}")
+try:
+    _default_db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+
+if _default_db["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, workers and beat write concurrently: WAL lets readers proceed, the
+    # busy timeout queues writers, and IMMEDIATE takes the write lock at BEGIN
+    # so no transaction has to upgrade a read lock mid-way ("database is locked").
+    _default_db["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    _default_db["TEST"] = {"NAME": str(DATA_DIR / "test-execgo.sqlite3")}
+
+DATABASES = {
+    "default": _default_db,
+    # A second connection to the same database, used only for audit rows that
+    # must survive the rollback of the caller's transaction (invalid
+    # transitions). It mirrors "default" in tests so it sees the test database.
+    "audit": {**_default_db, "TEST": {**_default_db.get("TEST", {}), "MIRROR": "default"}},
+}
+DATABASE_ROUTERS: list[str] = []
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+IS_SQLITE = _default_db["ENGINE"] == "django.db.backends.sqlite3"
+
+# --- Auth, i18n, static ---------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("EXECGO_MAX_REQUEST_BYTES", 1024 * 1024)
+
+# --- REST API ---------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.BoundedJSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ExecGo API",
+    "DESCRIPTION": "Submit runs of tool calls, watch them, cancel and retry them.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Celery -----------------------------------------------------------------
+
+_BROKER_DIR = DATA_DIR / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for _sub in ("queue", "processed", "control"):
+        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+    # Reads and writes share one folder (producer and consumer are the same
+    # app); the control folder must be absolute for revoke/inspect to work.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_BROKER_DIR / "queue"),
+        "data_folder_out": str(_BROKER_DIR / "queue"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+        "control_folder": str(_BROKER_DIR / "control"),
+        "store_processed": False,
+    }
+else:
+    # Longer than the longest task, or Redis redelivers it while it runs.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 4 * 3600)}
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "sweep-zombie-runs": {
+        "task": "runs.tasks.sweep_zombie_runs",
+        "schedule": float(env_int("EXECGO_SWEEP_INTERVAL_S", 30)),
+    },
+}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Channels -------------------------------------------------------------
+
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- ExecGo -----------------------------------------------------------------
+
+EXECGO_RUN_TIMEOUT_S = env_int("EXECGO_RUN_TIMEOUT_S", 600)
+EXECGO_APPROVAL_TIMEOUT_S = env_int("EXECGO_APPROVAL_TIMEOUT_S", 24 * 3600)
+EXECGO_STEP_TIMEOUT_S = env_float("EXECGO_STEP_TIMEOUT_S", 60.0)
+EXECGO_MAX_PLAN_STEPS = env_int("EXECGO_MAX_PLAN_STEPS", 200)
+EXECGO_OUTPUT_TAIL_BYTES = env_int("EXECGO_OUTPUT_TAIL_BYTES", 64 * 1024)
+EXECGO_TASKS_DIR = DATA_DIR / "tasks"
+# Seconds a run may stay in a state before the zombie sweeper closes it
+# (AWAITING_HITL and EXECUTING use the run's own approval and run timeouts).
+EXECGO_ZOMBIE_THRESHOLDS_S = {
+    "CREATED": env_int("EXECGO_ZOMBIE_CREATED_S", 30),
+    "PREPARING": env_int("EXECGO_ZOMBIE_PREPARING_S", 60),
+    "PLANNING": env_int("EXECGO_ZOMBIE_PLANNING_S", 180),
+    "POLICY_CHECK": env_int("EXECGO_ZOMBIE_POLICY_CHECK_S", 30),
+    "TRACING": env_int("EXECGO_ZOMBIE_TRACING_S", 60),
+    "TRANSIENT": env_int("EXECGO_ZOMBIE_TRANSIENT_S", 30),
+}
+
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("EXECGO_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from runs.api import views
+
+urlpatterns = [
+    path("runs", views.RunListCreateView.as_view(), name="run-list"),
+    path("runs/<int:run_id>", views.RunDetailView.as_view(), name="run-detail"),
+    path("runs/<int:run_id>/cancel", views.RunCancelView.as_view(), name="run-cancel"),
+    path("runs/<int:run_id>/retry", views.RunRetryView.as_view(), name="run-retry"),
+    path("runs/<int:run_id>/events", views.RunEventsView.as_view(), name="run-events"),
+    path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="job-detail"),
+]

@@ -1,0 +1,123 @@
+"""REST API v1: one small view per action; every write calls a service."""
+
+import time
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from runs.api.serializers import (
+    EventSerializer,
+    JobSerializer,
+    RunCreateSerializer,
+    RunSerializer,
+    RunSummarySerializer,
+)
+from runs.models import Run
+from runs.selectors import jobs_for_user, run_events_after, runs_for_user, tenant_of
+from runs.services import run_cancel, run_retry, run_submit
+from runs.statemachine import RunState
+
+LONG_POLL_MAX_S = 30.0
+LONG_POLL_INTERVAL_S = 0.2
+
+
+def _user_run(request, run_id: int) -> Run:
+    return get_object_or_404(runs_for_user(request.user), pk=run_id)
+
+
+class RunListCreateView(generics.ListAPIView):
+    serializer_class = RunSummarySerializer
+
+    def get_queryset(self):
+        runs = runs_for_user(self.request.user).order_by("-id")
+        state = self.request.query_params.get("state")
+        if state:
+            if state not in RunState.values:
+                raise ValidationError({"state": [f"unknown state {state!r}"]})
+            runs = runs.filter(state=state)
+        return runs
+
+    @extend_schema(
+        request=RunCreateSerializer,
+        responses={201: RunSerializer, 200: RunSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+    )
+    def post(self, request):
+        tenant = tenant_of(request.user)
+        if tenant is None:
+            raise PermissionDenied("this account belongs to no tenant")
+        serializer = RunCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        key = request.headers.get("Idempotency-Key") or None
+        if key is not None and len(key) > 200:
+            raise ValidationError({"Idempotency-Key": ["at most 200 characters"]})
+        submission = run_submit(tenant=tenant, user=request.user, idempotency_key=key, **serializer.validated_data)
+        return Response(RunSerializer(submission.run).data,
+                        status=status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK)
+
+
+class RunDetailView(APIView):
+    @extend_schema(responses=RunSerializer)
+    def get(self, request, run_id: int):
+        run = get_object_or_404(runs_for_user(request.user).prefetch_related("steps"), pk=run_id)
+        return Response(RunSerializer(run).data)
+
+
+class RunCancelView(APIView):
+    @extend_schema(request=None, responses={202: RunSerializer})
+    def post(self, request, run_id: int):
+        run = run_cancel(run=_user_run(request, run_id), user=request.user)
+        return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+
+
+class RunRetryView(APIView):
+    @extend_schema(request=None, responses={201: RunSerializer})
+    def post(self, request, run_id: int):
+        run = run_retry(run=_user_run(request, run_id), user=request.user)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+def _non_negative_int(request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: ["must be an integer"]}) from None
+    if value < 0:
+        raise ValidationError({name: ["must not be negative"]})
+    return value
+
+
+class RunEventsView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="return events with an id greater than this"),
+            OpenApiParameter("wait", int, description="long-poll: seconds to wait for a first event (max 30)"),
+        ],
+        responses=EventSerializer(many=True),
+    )
+    def get(self, request, run_id: int):
+        run = _user_run(request, run_id)
+        after = _non_negative_int(request, "after", 0)
+        deadline = time.monotonic() + min(_non_negative_int(request, "wait", 0), LONG_POLL_MAX_S)
+        events = run_events_after(run, after)
+        while not events and time.monotonic() < deadline:
+            time.sleep(LONG_POLL_INTERVAL_S)
+            events = run_events_after(run, after)
+        return Response({
+            "run_id": run.pk,
+            "events": EventSerializer(events, many=True).data,
+            "last_event_id": events[-1].pk if events else after,
+        })
+
+
+class JobDetailView(APIView):
+    @extend_schema(responses=JobSerializer)
+    def get(self, request, job_id: int):
+        return Response(JobSerializer(get_object_or_404(jobs_for_user(request.user), pk=job_id)).data)

@@ -1,0 +1,333 @@
+"""Runs, the Job projection, steps, traces, the audit log and the event outbox.
+
+Run lifecycle (the full table is data in ``runs.statemachine``)::
+
+    CREATED → PREPARING → PLANNING → POLICY_CHECK → [AWAITING_HITL] → EXECUTING
+                    any failure ↘ FAILED | TIMEOUT | REJECTED | CANCELLED
+    EXECUTING (success) and every transient state → TRACING → one final state
+
+``Run.state`` is written only by ``runs.transitions.run_transition``.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+from runs.statemachine import FINAL, FINAL_STATE_FOR_CAUSE, ClosingCause, RunState, sources_into
+
+S = RunState
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """Puts a user in exactly one tenant."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="memberships")
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant}"
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Job(models.Model):
+    """The legacy unit of work. ``status`` is a read-only projection of its
+    latest run's state (SPEC §3); the kernel never reads it to decide."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    title = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    run_state_snapshot = models.JSONField(default=dict, blank=True)
+    latest_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"Job {self.pk} ({self.status})"
+
+
+def _closes_into(target: RunState):
+    """A django-fsm condition: TRACING may only close into the final state its
+    closing cause names."""
+
+    def condition(run: "Run") -> bool:
+        return FINAL_STATE_FOR_CAUSE.get(run.closing_cause) == target
+
+    condition.__name__ = f"closing_cause_leads_to_{target.value.lower()}"
+    return condition
+
+
+class Run(ConcurrentTransitionMixin, models.Model):
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="runs")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="submitted_runs"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    state = FSMField(default=S.CREATED, choices=S.choices, protected=True, max_length=20)
+    # The state before the current one; tells where a TIMEOUT came from.
+    previous_state = models.CharField(max_length=20, choices=S.choices, blank=True)
+    closing_cause = models.CharField(max_length=20, choices=ClosingCause.choices, blank=True)
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
+    plan = models.JSONField(default=dict)
+    timeout_s = models.PositiveIntegerField()
+    approval_timeout_s = models.PositiveIntegerField()
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Persisted before AWAITING_HITL so execution resumes from it after approval.
+    context = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_state_change_at = models.DateTimeField()
+    executing_started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="run_idempotency_key_per_tenant",
+            ),
+        ]
+        indexes = [
+            # The zombie sweeper's scan: non-final runs by how long they have
+            # been in their state. Final runs (the vast majority) stay out.
+            models.Index(
+                fields=["state", "last_state_change_at"],
+                condition=~Q(state__in=[s.value for s in FINAL]),
+                name="run_nonfinal_state_age",
+            ),
+            models.Index(fields=["tenant", "-id"], name="run_tenant_newest"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.pk} ({self.state})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL
+
+    # --- transitions: sources come from runs.statemachine.TRANSITIONS -------
+    # Bodies are empty on purpose: the transition service stamps fields,
+    # writes traces, events and the projection in the same transaction.
+
+    @transition(field=state, source=sources_into(S.PREPARING), target=S.PREPARING)
+    def to_preparing(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.PLANNING), target=S.PLANNING)
+    def to_planning(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.POLICY_CHECK), target=S.POLICY_CHECK)
+    def to_policy_check(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.AWAITING_HITL), target=S.AWAITING_HITL)
+    def to_awaiting_hitl(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.EXECUTING), target=S.EXECUTING)
+    def to_executing(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.TRACING), target=S.TRACING)
+    def to_tracing(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.REJECTED), target=S.REJECTED)
+    def to_rejected(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.FAILED), target=S.FAILED)
+    def to_failed(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.FAILED, include_sweeper_only=True), target=S.FAILED)
+    def force_failed(self) -> None:
+        """FAILED including the sweeper-only edges (CREATED, POLICY_CHECK, TRACING)."""
+
+    @transition(field=state, source=sources_into(S.TIMEOUT), target=S.TIMEOUT)
+    def to_timeout(self) -> None: ...
+
+    @transition(field=state, source=sources_into(S.CANCELLED), target=S.CANCELLED)
+    def to_cancelled(self) -> None: ...
+
+    @transition(
+        field=state, source=sources_into(S.SUCCEEDED), target=S.SUCCEEDED, conditions=[_closes_into(S.SUCCEEDED)]
+    )
+    def to_succeeded(self) -> None: ...
+
+    @transition(
+        field=state,
+        source=sources_into(S.CLOSED_REJECTED),
+        target=S.CLOSED_REJECTED,
+        conditions=[_closes_into(S.CLOSED_REJECTED)],
+    )
+    def to_closed_rejected(self) -> None: ...
+
+    @transition(
+        field=state,
+        source=sources_into(S.CLOSED_FAILED),
+        target=S.CLOSED_FAILED,
+        conditions=[_closes_into(S.CLOSED_FAILED)],
+    )
+    def to_closed_failed(self) -> None: ...
+
+    @transition(
+        field=state,
+        source=sources_into(S.CLOSED_CANCELLED),
+        target=S.CLOSED_CANCELLED,
+        conditions=[_closes_into(S.CLOSED_CANCELLED)],
+    )
+    def to_closed_cancelled(self) -> None: ...
+
+
+class StepStatus(models.TextChoices):
+    """Scheduling layer (the step's place in the DAG)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class StepRunStatus(models.TextChoices):
+    """Runtime layer (one real execution): accepted → running → terminal."""
+
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Step(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=100)
+    position = models.PositiveIntegerField()
+    tool = models.CharField(max_length=50)
+    params = models.JSONField(default=dict)
+    depends_on = models.JSONField(default=list)
+    timeout_s = models.FloatField()
+    retries = models.PositiveSmallIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=StepStatus.choices, default=StepStatus.PENDING)
+    run_status = models.CharField(max_length=10, choices=StepRunStatus.choices, blank=True)
+    handle_id = models.CharField(max_length=100, blank=True)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run_id", "position"]
+        constraints = [models.UniqueConstraint(fields=["run", "step_id"], name="step_id_unique_per_run")]
+
+    def __str__(self) -> str:
+        return f"Step {self.step_id} of run {self.run_id} ({self.status})"
+
+
+class TraceKind(models.TextChoices):
+    TRANSITION = "transition"
+    RUN = "run"
+    STEP = "step"
+    MEMORY_RETRIEVE = "memory_retrieve"
+    TOOL_INVOCATION = "tool_invocation"
+    POLICY_DECISION = "policy_decision"
+    HITL_DECISION = "hitl_decision"
+
+
+class Trace(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="traces")
+    kind = models.CharField(max_length=20, choices=TraceKind.choices)
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="traces")
+    data = models.JSONField(default=dict, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} trace of run {self.run_id}"
+
+
+class AuditLog(models.Model):
+    """Append-only record of who did what. Rows about a run must outlive a
+    rolled-back transaction, so ``run`` carries no database constraint (an
+    ``invalid_transition`` row may be written from a second connection while
+    the run's own insert is still uncommitted)."""
+
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="audit_entries"
+    )
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    event = models.CharField(max_length=40)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="+",
+    )
+    caller = models.CharField(max_length=100, blank=True)
+    forced_by = models.CharField(max_length=40, blank=True)
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["event", "run"], name="audit_event_run")]
+
+    def __str__(self) -> str:
+        return f"{self.event} run={self.run_id}"
+
+
+class EventType(models.TextChoices):
+    TASK_SUBMITTED = "task_submitted"
+    TASK_ACCEPTED = "task_accepted"
+    TASK_STARTED = "task_started"
+    TASK_PROGRESSED = "task_progressed"
+    TASK_RETRIED = "task_retried"
+    TASK_SUCCEEDED = "task_succeeded"
+    TASK_FAILED = "task_failed"
+    TASK_CANCELLED = "task_cancelled"
+    RUN_STATE_CHANGED = "run_state_changed"
+
+
+class Event(models.Model):
+    """The outbox: written in the transaction of the change it describes;
+    its monotonically increasing id is the resume cursor of every reader."""
+
+    type = models.CharField(max_length=30, choices=EventType.choices)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    task_id = models.CharField(max_length=100, blank=True)
+    handle_id = models.CharField(max_length=100, blank=True)
+    timestamp = models.DateTimeField()
+    message = models.CharField(max_length=500, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "id"], name="event_run_cursor")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk}"

@@ -1,0 +1,156 @@
+"""The harness stages that drive a run from CREATED to a final state.
+
+Each stage does its work and takes exactly one edge of the state machine;
+a failure takes the failure edge, never "stays". Every stage re-reads the
+run, so a duplicate delivery of the driving task, or a second worker, finds
+the run moved on and stops (the transition's optimistic lock decides).
+"""
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.errors import ExecGoError
+from runs.execution import execute_steps
+from runs.models import AuditLog, Event, EventType, Run, Step, TraceKind
+from runs.plans import KNOWN_TOOLS, validate_plan
+from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
+from runs.transitions import TraceRecord, TransitionLost, run_transition
+
+S = RunState
+logger = logging.getLogger(__name__)
+
+
+def run_advance(run_id: int) -> None:
+    """Drive the run as far as it can go without outside input."""
+    while True:
+        run = Run.objects.filter(pk=run_id).first()
+        if run is None or run.is_final:
+            return
+        stage = STAGES.get(run.state)
+        if stage is None:  # AWAITING_HITL: a human or the expiry moves it
+            return
+        try:
+            stage(run)
+        except TransitionLost as lost:
+            logger.info("run %s: %s; another writer drives it", run_id, lost)
+            return
+
+
+def _prepare(run: Run) -> None:
+    history = list(
+        Run.objects.filter(job_id=run.job_id, pk__lt=run.pk).order_by("pk").values("id", "state", "closing_cause")
+    )
+    context = {"tools": list(KNOWN_TOOLS), "job_history": history}
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(context=context)
+        run_transition(run, S.PLANNING, caller="context assembler", expected=S.PREPARING,
+                       trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, {"memories": 0, "history": len(history)}))
+
+
+def _plan(run: Run) -> None:
+    try:
+        steps = validate_plan(run.plan)
+    except ExecGoError as exc:
+        run_transition(run, S.FAILED, caller="planner", expected=S.PLANNING, message=exc.envelope["message"],
+                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "planner": "static"},
+                                         error=exc.envelope))
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        created = Step.objects.bulk_create(
+            Step(run=run, step_id=step["id"], position=position, tool=step["tool"], params=step["params"],
+                 depends_on=step["depends_on"], timeout_s=step["timeout_s"], retries=step["retries"])
+            for position, step in enumerate(steps)
+        )
+        Event.objects.bulk_create(
+            Event(type=EventType.TASK_SUBMITTED, run=run, task_id=step.step_id, timestamp=now,
+                  message=f"{step.tool} step submitted", data={"depends_on": step.depends_on})
+            for step in created
+        )
+        run_transition(run, S.POLICY_CHECK, caller="planner", expected=S.PLANNING,
+                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "planner": "static",
+                                                                      "steps": len(steps)}))
+
+
+def _check_policy(run: Run) -> None:
+    steps = list(run.steps.values_list("step_id", "tool"))
+    decision = {"risk": "low", "matched_rules": [], "steps": [{"id": s, "tool": t, "risk": "low"} for s, t in steps]}
+    run_transition(run, S.EXECUTING, caller="hitl controller", expected=S.POLICY_CHECK,
+                   trace=TraceRecord(TraceKind.POLICY_DECISION, decision))
+
+
+def _execute(run: Run) -> None:
+    outcome = execute_steps(run)
+    if outcome.target == S.TRACING:
+        run_transition(run, S.TRACING, caller="tool controller", expected=S.EXECUTING)
+    else:
+        run_transition(run, outcome.target, caller=outcome.caller, actor=outcome.actor, expected=S.EXECUTING,
+                       message=outcome.error["message"] if outcome.error else "",
+                       trace=TraceRecord(outcome.trace_kind, outcome.trace_data, error=outcome.error,
+                                         step=outcome.step))
+
+
+def run_close(run_id: int) -> Run | None:
+    """Take a run from a transient state through TRACING to its final state.
+
+    The RunTrace summary and the final AuditLog event commit with the final
+    transition. If writing them fails the run stays in TRACING, where the
+    sweeper finds it; it never skips to a final state.
+    """
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None or run.is_final:
+        return run
+    if run.state in TRANSIENT:
+        run = run_transition(run, S.TRACING, caller="state machine", expected=run.state)
+    if run.state != S.TRACING:
+        return run
+    target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
+    cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
+    with transaction.atomic():
+        run = run_transition(
+            run, target, caller="tracer", expected=S.TRACING,
+            actor=run.cancel_requested_by if target == S.CLOSED_CANCELLED else None,
+            trace=TraceRecord(TraceKind.RUN, _run_summary(run)),
+        )
+        if cancel_superseded:
+            # A cancel that arrived too late to apply is answered, not dropped.
+            AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="cancel_superseded",
+                                    actor=run.cancel_requested_by, caller="tracer", to_state=target)
+    return run
+
+
+def _run_summary(run: Run) -> dict:
+    transitions = list(run.traces.filter(kind=TraceKind.TRANSITION).values_list("to_state", "created_at"))
+    stages = {}
+    for (state, entered), (_next, left) in zip(transitions, transitions[1:]):
+        stages[state] = round((left - entered).total_seconds() * 1000, 3)
+    steps = list(run.steps.values("step_id", "status", "attempt"))
+    return {
+        "closing_cause": run.closing_cause,
+        "stage_ms": stages,
+        "total_ms": round((timezone.now() - run.created_at).total_seconds() * 1000, 3),
+        "steps": steps,
+        "attempts": sum(step["attempt"] for step in steps),
+        "policy_traces": list(run.traces.filter(kind=TraceKind.POLICY_DECISION).values_list("id", flat=True)),
+        "hitl_traces": list(run.traces.filter(kind=TraceKind.HITL_DECISION).values_list("id", flat=True)),
+    }
+
+
+def _close(run: Run) -> None:
+    run_close(run.pk)
+
+
+STAGES = {
+    S.CREATED: lambda run: run_transition(run, S.PREPARING, caller="run manager", expected=S.CREATED),
+    S.PREPARING: _prepare,
+    S.PLANNING: _plan,
+    S.POLICY_CHECK: _check_policy,
+    S.EXECUTING: _execute,
+    S.REJECTED: _close,
+    S.FAILED: _close,
+    S.TIMEOUT: _close,
+    S.CANCELLED: _close,
+    S.TRACING: _close,
+}

@@ -1,0 +1,122 @@
+"""Writes that agents and users trigger: submit, cancel, retry.
+
+The API, the admin and the dashboard call these; none of them writes a run
+on its own.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from runs.errors import ConflictError, ErrorCode, ExecGoError
+from runs.models import AuditLog, Event, EventType, Job, Run, Tenant
+from runs.plans import validate_plan
+from runs.statemachine import RunState
+from runs.transitions import TransitionLost, audit_independently, run_transition
+
+S = RunState
+
+
+@dataclass(frozen=True)
+class Submission:
+    run: Run
+    created: bool  # False when an Idempotency-Key matched an earlier run
+
+
+def _enqueue_advance(run_id: int) -> None:
+    from runs.tasks import advance_run
+
+    advance_run.delay(run_id)
+
+
+def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, plan: dict, timeout_s: int,
+                approval_timeout_s: int, idempotency_key: str | None = None, retry_of: Run | None = None) -> Run:
+    now = timezone.now()
+    run = Run.objects.create(
+        job=job, tenant=tenant, submitted_by=user, title=title, plan=plan, timeout_s=timeout_s,
+        approval_timeout_s=approval_timeout_s, idempotency_key=idempotency_key, retry_of=retry_of,
+        last_state_change_at=now,
+    )
+    Job.objects.filter(pk=job.pk).update(
+        latest_run=run, status="pending",
+        run_state_snapshot={"run_id": run.pk, "state": S.CREATED, "closing_cause": "",
+                            "last_state_change_at": now.isoformat()},
+        updated_at=now,
+    )
+    Event.objects.create(type=EventType.RUN_STATE_CHANGED, run=run, timestamp=now, message="run created",
+                         data={"from": None, "to": S.CREATED, "closing_cause": ""})
+    AuditLog.objects.create(run=run, tenant=tenant, event="run_created", actor=user, caller="api",
+                            to_state=S.CREATED, data={"retry_of": retry_of.pk if retry_of else None})
+    # The worker must see the committed run: enqueue only after commit.
+    transaction.on_commit(lambda: _enqueue_advance(run.pk))
+    return run
+
+
+def run_submit(*, tenant: Tenant, user: Any, plan: dict, title: str = "", timeout_s: int | None = None,
+               approval_timeout_s: int | None = None, idempotency_key: str | None = None) -> Submission:
+    validate_plan(plan)
+    if idempotency_key:
+        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return Submission(existing, created=False)
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(tenant=tenant, title=title, created_by=user)
+            run = _create_run(
+                job=job, tenant=tenant, user=user, title=title, plan=plan,
+                timeout_s=timeout_s or settings.EXECGO_RUN_TIMEOUT_S,
+                approval_timeout_s=approval_timeout_s or settings.EXECGO_APPROVAL_TIMEOUT_S,
+                idempotency_key=idempotency_key or None,
+            )
+    except IntegrityError:
+        # Two requests with one Idempotency-Key raced; the other one won.
+        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return Submission(existing, created=False)
+    return Submission(run, created=True)
+
+
+def run_cancel(*, run: Run, user: Any) -> Run:
+    """Record a cancel request; apply it now if the run sits at a state with
+    a CANCELLED edge and nobody else is driving it (AWAITING_HITL). A run
+    that is executing sees the request from its own worker; earlier states
+    carry it to the first state with a CANCELLED edge."""
+    now = timezone.now()
+    if run.is_final:
+        audit_independently(run=run, tenant_id=run.tenant_id, event="cancel_refused", actor=user, caller="api",
+                            from_state=run.state, data={"reason": "run already final"})
+        raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is already {run.state}; nothing to cancel",
+                            source="api", details={"state": run.state})
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk, cancel_requested_at__isnull=True).update(
+            cancel_requested_at=now, cancel_requested_by=user
+        )
+        AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="cancel_requested", actor=user,
+                                caller="api", from_state=run.state)
+    if run.state == S.AWAITING_HITL:
+        from runs.pipeline import run_close
+
+        try:
+            run_transition(run, S.CANCELLED, caller="api", actor=user, expected=S.AWAITING_HITL)
+        except TransitionLost:
+            pass  # an approval or the expiry moved it first; the stored request still applies
+        else:
+            run_close(run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def run_retry(*, run: Run, user: Any) -> Run:
+    """A new run of the same plan on the same job; a run is never reopened."""
+    if not run.is_final:
+        raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is {run.state}; only a final run can be retried",
+                            source="api", details={"state": run.state})
+    with transaction.atomic():
+        return _create_run(
+            job=run.job, tenant=run.tenant, user=user, title=run.title, plan=run.plan, timeout_s=run.timeout_s,
+            approval_timeout_s=run.approval_timeout_s, retry_of=run,
+        )

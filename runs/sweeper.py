@@ -1,0 +1,88 @@
+"""The zombie sweeper (SPEC §6): the fallback that closes runs nobody drives.
+
+Every run whose time in its current state exceeds the threshold for that
+state is forced along a legal path to a final state, through the same
+transition service (and optimistic lock) as everyone else.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from runs.errors import ErrorCode, error_envelope
+from runs.models import AuditLog, Run, TraceKind
+from runs.pipeline import run_close
+from runs.statemachine import FINAL, TRANSIENT, ZOMBIE_SWEEPER, RunState
+from runs.transitions import InvalidTransitionError, TraceRecord, TransitionLost, run_transition
+
+S = RunState
+logger = logging.getLogger(__name__)
+
+# state → the edge the sweeper forces out of it
+FORCED_EDGE = {
+    S.CREATED: S.FAILED,
+    S.PREPARING: S.FAILED,
+    S.PLANNING: S.TIMEOUT,
+    S.POLICY_CHECK: S.FAILED,
+    S.AWAITING_HITL: S.TIMEOUT,
+    S.EXECUTING: S.TIMEOUT,
+    S.TRACING: S.FAILED,
+}
+
+
+def threshold_for(run: Run) -> timedelta:
+    """How long ``run`` may stay in its current state."""
+    if run.state == S.AWAITING_HITL:
+        return timedelta(seconds=run.approval_timeout_s)
+    if run.state == S.EXECUTING:
+        return timedelta(seconds=run.timeout_s)
+    if run.state in TRANSIENT:
+        return timedelta(seconds=settings.EXECGO_ZOMBIE_THRESHOLDS_S["TRANSIENT"])
+    return timedelta(seconds=settings.EXECGO_ZOMBIE_THRESHOLDS_S[run.state])
+
+
+def _stuck_since(run: Run):
+    # EXECUTING is bounded by the run's total time, not by its last change.
+    if run.state == S.EXECUTING and run.executing_started_at is not None:
+        return run.executing_started_at
+    return run.last_state_change_at
+
+
+def sweep_zombies(now=None) -> list[int]:
+    """Force every stuck run to a final state; return the ids recovered."""
+    now = now or timezone.now()
+    recovered = []
+    # Served by the partial index on non-final runs; final runs never match.
+    for run in Run.objects.exclude(state__in=FINAL).order_by("pk"):
+        age = now - _stuck_since(run)
+        if age <= threshold_for(run):
+            continue
+        if sweep_run(run, age=age):
+            recovered.append(run.pk)
+    return recovered
+
+
+def sweep_run(run: Run, *, age: timedelta) -> bool:
+    """Close one stuck run. False when another writer moved it first."""
+    stuck_in = run.state
+    AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="zombie_detected", caller="zombie sweeper",
+                            forced_by=ZOMBIE_SWEEPER, from_state=stuck_in,
+                            data={"age_s": round(age.total_seconds(), 3)})
+    try:
+        if stuck_in not in TRANSIENT:
+            target = FORCED_EDGE[stuck_in]
+            code = ErrorCode.TIMEOUT if target == S.TIMEOUT else ErrorCode.INTERNAL
+            error = error_envelope(code, f"run stuck in {stuck_in} for {int(age.total_seconds())}s",
+                                   source="scheduler", details={"layer": "sweeper", "stuck_in": stuck_in})
+            run_transition(run, target, caller="zombie sweeper", forced_by=ZOMBIE_SWEEPER, expected=stuck_in,
+                           message=error["message"],
+                           trace=TraceRecord(TraceKind.RUN, {"layer": "sweeper", "stuck_in": stuck_in}, error=error))
+        closed = run_close(run.pk)
+    except (TransitionLost, InvalidTransitionError) as exc:
+        logger.info("sweeper gave up on run %s: %s", run.pk, exc)
+        return False
+    AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="zombie_recovered", caller="zombie sweeper",
+                            forced_by=ZOMBIE_SWEEPER, from_state=stuck_in, to_state=closed.state if closed else "")
+    return True

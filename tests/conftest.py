@@ -1,0 +1,173 @@
+"""Shared fixtures: tenants and users, an API client with a real token, a
+factory for runs in any state, and a real Celery worker process."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db import connection
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from runs.models import Job, Membership, Run, Tenant
+from runs.statemachine import FINAL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+postgres_only = pytest.mark.skipif(settings.IS_SQLITE, reason="needs PostgreSQL (SQLite serialises writers)")
+
+
+@pytest.fixture
+def tenant(db):
+    return Tenant.objects.create(name="acme")
+
+
+@pytest.fixture
+def other_tenant(db):
+    return Tenant.objects.create(name="globex")
+
+
+def make_user(username: str, tenant: Tenant, *, groups: tuple[str, ...] = ()) -> User:
+    user = User.objects.create_user(username=username, password="pw-" + username)
+    Membership.objects.create(user=user, tenant=tenant)
+    for name in groups:
+        user.groups.add(Group.objects.get_or_create(name=name)[0])
+    return user
+
+
+@pytest.fixture
+def agent(tenant):
+    return make_user("agent", tenant, groups=("agents",))
+
+
+def token_client(user: User) -> APIClient:
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def api(agent):
+    return token_client(agent)
+
+
+@pytest.fixture
+def make_run(tenant, agent):
+    """Test factory: a run placed directly in ``state`` (tests only; the
+    application writes states through the transition service)."""
+
+    def factory(state: str = "CREATED", *, previous_state: str = "", closing_cause: str = "", **fields) -> Run:
+        job = Job.objects.create(tenant=tenant, created_by=agent)
+        now = timezone.now()
+        run = Run.objects.create(
+            job=job, tenant=tenant, submitted_by=agent, state=state, previous_state=previous_state,
+            closing_cause=closing_cause, plan={"steps": [{"id": "a", "tool": "shell", "params": {"argv": ["true"]}}]},
+            timeout_s=fields.pop("timeout_s", 600), approval_timeout_s=fields.pop("approval_timeout_s", 3600),
+            last_state_change_at=fields.pop("last_state_change_at", now),
+            executing_started_at=fields.pop("executing_started_at", now if state == "EXECUTING" else None),
+            **fields,
+        )
+        Job.objects.filter(pk=job.pk).update(latest_run=run)
+        return run
+
+    return factory
+
+
+def simple_plan(*argvs: list[str]) -> dict:
+    steps, previous = [], None
+    for index, argv in enumerate(argvs):
+        step = {"id": f"s{index}", "tool": "shell", "params": {"argv": argv}}
+        if previous:
+            step["depends_on"] = [previous]
+        steps.append(step)
+        previous = step["id"]
+    return {"steps": steps}
+
+
+def wait_for_run(run_id: int, *, states=FINAL, timeout: float = 60.0) -> Run:
+    """Poll until the run reaches one of ``states``; fail the test otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = Run.objects.get(pk=run_id)
+        if run.state in states:
+            return run
+        if time.monotonic() > deadline:
+            pytest.fail(f"run {run_id} still {run.state} after {timeout}s")
+        time.sleep(0.05)
+
+
+def _worker_env() -> dict:
+    db = connection.settings_dict
+    if settings.IS_SQLITE:
+        database_url = f"sqlite:///{db['NAME']}"
+    else:
+        database_url = f"postgres://{db['USER'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return {**os.environ, "DATABASE_URL": database_url, "EXECGO_DATA_DIR": str(settings.DATA_DIR),
+            "CELERY_TASK_ALWAYS_EAGER": "false", "PYTHONUNBUFFERED": "1"}
+
+
+class WorkerProcess:
+    """A real ``celery worker`` process against the test database."""
+
+    def __init__(self, *, hostname: str = "w1", concurrency: int = 2, queues: str = "celery"):
+        self.hostname = hostname
+        self.concurrency = concurrency
+        self.queues = queues
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(settings.DATA_DIR) / f"worker-{hostname}.log"
+
+    def start(self) -> "WorkerProcess":
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork",
+             "-c", str(self.concurrency), "-n", f"{self.hostname}@%h", "-Q", self.queues,
+             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"],
+            cwd=ROOT, env=_worker_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while b"ready." not in self.log_path.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{self.log_path.read_text()[-4000:]}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def purge_broker() -> None:
+    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        queue = Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"])
+        shutil.rmtree(queue, ignore_errors=True)
+        queue.mkdir(parents=True, exist_ok=True)
+    else:
+        from execgo.celery import app
+
+        app.control.purge()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, django_db_blocker):
+    """A session-wide real worker; tests using it need
+    ``django_db(transaction=True)`` so the worker sees their rows."""
+    with django_db_blocker.unblock():
+        purge_broker()
+        worker = WorkerProcess().start()
+    yield worker
+    worker.stop()
