@@ -112,6 +112,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
+# The embedded default serves its own static files (admin CSS, dashboard JS);
+# behind a reverse proxy, turn this off and serve STATIC_ROOT from there.
+EXECGO_SERVE_STATIC = env_bool("EXECGO_SERVE_STATIC", True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("EXECGO_MAX_REQUEST_BYTES", 1024 * 1024)
 
 # --- REST API ---------------------------------------------------------------
@@ -122,7 +125,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,

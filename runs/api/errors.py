@@ -3,7 +3,8 @@ retryable, source, details}}. No response carries a stack trace."""
 
 import logging
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -42,6 +43,14 @@ def _message(detail) -> str:
 def exception_handler(exc, context):
     if isinstance(exc, ExecGoError):
         return error_response(exc.envelope, exc.http_status)
+    if isinstance(exc, RequestDataTooBig):
+        # Django refuses to read a body over DATA_UPLOAD_MAX_MEMORY_SIZE.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return error_response(
+            error_envelope(ErrorCode.INVALID_INPUT, f"request body exceeds the limit of {limit} bytes",
+                           source="api", details={"limit_bytes": limit}),
+            400,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

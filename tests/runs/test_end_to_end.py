@@ -1,5 +1,7 @@
 """Submit over HTTP, execute on a real Celery worker process, read back."""
 
+import time
+
 import pytest
 
 from runs.models import AuditLog, Job, Run
@@ -85,3 +87,29 @@ def test_events_resume_after_cursor(api, celery_worker):
     assert [e["id"] for e in rest["events"]] == [e["id"] for e in everything["events"][4:]]
     assert rest["last_event_id"] == everything["last_event_id"]
     assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
+
+
+def test_cancel_of_an_executing_run_kills_the_step(api, celery_worker):
+    import psutil
+
+    marker = "execgo-cancel-marker-7d1f"
+    plan = {"steps": [{"id": "long", "tool": "shell", "params": {"script": f"sleep 600 # {marker}"},
+                       "timeout_s": 900}]}
+    run_id = api.post("/api/v1/runs", {"plan": plan}, format="json").json()["id"]
+    wait_for_run(run_id, states={"EXECUTING"})
+    for _ in range(600):
+        if any(marker in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the step's process never started")
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 202
+    run = wait_for_run(run_id, timeout=30)
+
+    assert (run.state, run.closing_cause) == ("CLOSED_CANCELLED", "cancelled")
+    step = run.steps.get()
+    assert (step.status, step.run_status) == ("failed", "cancelled")
+    assert step.result["error"]["code"] == "cancelled"
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert Job.objects.get(pk=run.job_id).status == "failed"
+    assert AuditLog.objects.get(run=run, event="run_cancelled").actor.username == "agent"

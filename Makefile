@@ -1,0 +1,43 @@
+# ExecGo — the two entry points a newcomer needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PG_URL ?= postgres://postgres@127.0.0.1:5432/test
+REDIS_BROKER ?= redis://127.0.0.1:6379/14
+REDIS_LAYER ?= redis://127.0.0.1:6379/15
+
+.PHONY: run test test-sqlite test-postgres lint-imports bench migrate clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+migrate: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+
+## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker).
+run: migrate
+	$(BIN)/python manage.py execgo_bootstrap
+	$(BIN)/honcho start
+
+## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis.
+test: test-sqlite test-postgres lint-imports
+
+test-sqlite: $(STAMP)
+	EXECGO_DATA_DIR=$(CURDIR)/var/test-sqlite $(BIN)/pytest -q
+
+test-postgres: $(STAMP)
+	EXECGO_DATA_DIR=$(CURDIR)/var/test-postgres DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(REDIS_BROKER) \
+	REDIS_URL=$(REDIS_LAYER) $(BIN)/pytest -q
+
+lint-imports: $(STAMP)
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_run_latency.py
+
+clean:
+	rm -rf var
