@@ -1,0 +1,102 @@
+"""Wall time from POST /api/v1/runs to SUCCEEDED for a 40-step sequential
+`true` plan, on PostgreSQL + Redis with a real Celery worker process.
+
+    .venv/bin/python bench/bench_run_latency.py [--steps 40] [--repeat 7]
+
+Uses its own database (execgo_bench) and Redis db 13 unless DATABASE_URL /
+CELERY_BROKER_URL are set. Prints every sample, then the median and best.
+"""
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo_bench")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
+os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
+
+
+def ensure_database(url: str) -> None:
+    if not url.startswith("postgres"):
+        return
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    admin_url = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+
+    ensure_database(os.environ["DATABASE_URL"])
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from rest_framework.test import APIClient
+
+    from execgo.celery import app
+    from runs.models import Membership, Run, Tenant
+
+    call_command("migrate", verbosity=0)
+    app.control.purge()
+    tenant, _ = Tenant.objects.get_or_create(name="bench")
+    user, _ = User.objects.get_or_create(username="bench-agent")
+    Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
+    client = APIClient()
+    client.force_authenticate(user)
+
+    worker_log = open(Path(os.environ["EXECGO_DATA_DIR"]) / "bench-worker.log", "wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", "2",
+         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+        cwd=ROOT, env=os.environ.copy(), stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]},
+                           **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(args.steps)]}
+        samples = []
+        for index in range(args.repeat + 1):  # the first run warms the worker up and is not counted
+            started = time.perf_counter()
+            response = client.post("/api/v1/runs", {"plan": plan}, format="json")
+            assert response.status_code == 201, response.content
+            run_id = response.json()["id"]
+            while True:
+                state = Run.objects.filter(pk=run_id).values_list("state", flat=True).get()
+                if state in {"SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED"}:
+                    break
+                if time.perf_counter() - started > 120:
+                    raise SystemExit(f"run {run_id} stuck in {state}")
+                time.sleep(0.002)
+            elapsed = time.perf_counter() - started
+            if state != "SUCCEEDED":
+                raise SystemExit(f"run {run_id} ended {state}")
+            if index:
+                samples.append(elapsed)
+                print(f"run {run_id}: {args.steps} steps POST -> SUCCEEDED in {elapsed * 1000:.1f} ms")
+        print(f"median {statistics.median(samples) * 1000:.1f} ms, best {min(samples) * 1000:.1f} ms "
+              f"over {len(samples)} runs ({args.steps} sequential `true` steps, "
+              f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]})")
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
