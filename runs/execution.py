@@ -1,197 +1,267 @@
-"""EXECUTING: run a run's steps and decide which edge the run takes next.
+"""EXECUTING: the plan as a DAG of steps on the workers (SPEC §4).
 
-Steps run in the plan's dependency order. Each execution is claimed by a
-compare-and-swap on the step row, so a redelivered task never runs a step
-twice; results and events commit together.
+Lifecycle of a step (two layers)::
+
+    status      pending ──► running ──► success | failed        (or pending ──► skipped)
+    run_status  "" ──► accepted ──► running ──► success | failed | cancelled
+                          ▲                          │
+                          └──── retry (attempt+1) ◄──┘  retryable error, attempts left
+
+``run_settle`` is the one place that decides what a running run does next:
+dispatch the steps whose dependencies succeeded, or take the run's next
+edge (TRACING, FAILED, TIMEOUT, CANCELLED). It holds the run's row lock, so
+two steps finishing together cannot both decide. ``step_execute`` runs one
+claimed attempt; every write of its result is fenced by the attempt number,
+so a late result of a superseded attempt is audited and dropped.
 """
 
-import os
-import signal
-import subprocess
+import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from runs.errors import ErrorCode, error_envelope
-from runs.models import Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
+from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.statemachine import RunState
+from runs.step_runner import current_host, run_tool
+from runs.transitions import TraceRecord, run_transition
 
 S = RunState
-CANCEL_POLL_S = 0.05
+logger = logging.getLogger(__name__)
+
+IN_FLIGHT = (StepRunStatus.ACCEPTED, StepRunStatus.RUNNING)
+CANCEL_POLL_S = 0.1
+MAX_BACKOFF_S = 30.0
 
 
-@dataclass
-class Outcome:
-    """Which edge EXECUTING takes, and what to record with it."""
+@dataclass(frozen=True)
+class Claim:
+    """A step attempt handed to the caller to execute in-process."""
 
-    target: RunState
-    caller: str = "tool controller"
-    actor: Any = None
-    error: dict | None = None
-    trace_kind: str = TraceKind.TOOL_INVOCATION
-    trace_data: dict = field(default_factory=dict)
-    step: Step | None = None
+    step_pk: int
+    attempt: int
 
 
-def _iso(moment) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
+def handle_for(step: Step, attempt: int) -> str:
+    return f"h-{step.pk}-{attempt}"
 
 
-def _cancel_requester(run_id: int):
-    row = Run.objects.filter(pk=run_id).values_list("cancel_requested_at", "cancel_requested_by").first()
-    if row is None or row[0] is None:
-        return None
-    return row
+def _event(run_id: int, step: Step, type_: str, message: str, data: dict | None = None) -> None:
+    Event.objects.create(type=type_, run_id=run_id, task_id=step.step_id, handle_id=step.handle_id,
+                         timestamp=timezone.now(), message=message, data=data or {})
 
 
-def execute_steps(run: Run) -> Outcome:
-    deadline = run.executing_started_at + timedelta(seconds=run.timeout_s)
-    steps = list(run.steps.order_by("position"))
-    succeeded = {step.step_id for step in steps if step.status == StepStatus.SUCCESS}
-    for index, step in enumerate(steps):
-        if step.status == StepStatus.SUCCESS:
-            continue  # resumed run: done before
-        if _cancel_requester(run.pk) is not None:
-            _skip(run, steps[index:], reason="run cancelled")
-            return _cancelled(run)
-        remaining = (deadline - timezone.now()).total_seconds()
-        if remaining <= 0:
-            _skip(run, steps[index:], reason="run timed out")
-            return Outcome(S.TIMEOUT, trace_kind=TraceKind.RUN,
-                           error=error_envelope(ErrorCode.TIMEOUT, f"run exceeded timeout {run.timeout_s}s",
-                                                source="scheduler", details={"timeout_s": run.timeout_s,
-                                                                             "layer": "harness"}),
-                           trace_data={"timeout_s": run.timeout_s, "layer": "harness"})
-        if not set(step.depends_on) <= succeeded:
-            continue
-        result = _run_step(run, step, time_budget_s=min(step.timeout_s, remaining))
-        if result["status"] == StepRunStatus.SUCCESS:
-            succeeded.add(step.step_id)
-            continue
-        _skip(run, steps[index + 1:], reason=f"dependency {step.step_id} failed")
-        if result["status"] == StepRunStatus.CANCELLED:
-            return _cancelled(run)
-        return Outcome(S.FAILED, error=result["error"], step=step,
-                       trace_data={"tool": step.tool, "step": step.step_id, "retry_count": step.attempt - 1})
-    return Outcome(S.TRACING)
+def _enqueue(claims: list[Claim], countdown: float = 0) -> None:
+    from runs.tasks import execute_step
+
+    for claim in claims:
+        execute_step.apply_async((claim.step_pk, claim.attempt), countdown=countdown or None)
 
 
-def _cancelled(run: Run) -> Outcome:
-    run.refresh_from_db(fields=["cancel_requested_by"])
-    return Outcome(S.CANCELLED, caller="user", actor=run.cancel_requested_by, trace_kind=TraceKind.RUN,
-                   trace_data={"cancelled_by": run.cancel_requested_by_id})
+def _deadline(run: Run):
+    return run.executing_started_at + timedelta(seconds=run.timeout_s)
 
 
-def _skip(run: Run, steps: list[Step], *, reason: str) -> None:
-    pending = [step.pk for step in steps if step.status == StepStatus.PENDING]
-    if not pending:
-        return
+def executing_started(run: Run) -> None:
+    """Arm the harness's own run timer: a settle at the deadline fires
+    TIMEOUT even when no step ever finishes (the sweeper is the fallback)."""
+    from runs.tasks import settle_run
+
+    remaining = max((_deadline(run) - timezone.now()).total_seconds(), 0)
+    transaction.on_commit(lambda: settle_run.apply_async((run.pk,), countdown=remaining + 0.5))
+
+
+def run_settle(run_id: int, *, claim_one: bool = False) -> Claim | None:
+    """Decide the run's next move; return one dispatched step attempt for the
+    caller to execute itself when ``claim_one`` (saves a broker round trip
+    on a sequential plan), enqueueing the others after commit."""
+    close = False
+    claim = None
     with transaction.atomic():
-        Step.objects.filter(pk__in=pending, status=StepStatus.PENDING).update(status=StepStatus.SKIPPED)
-        Event.objects.bulk_create(
-            Event(type=EventType.TASK_CANCELLED, run=run, task_id=step.step_id, timestamp=timezone.now(),
-                  message=f"skipped: {reason}", data={"status": StepStatus.SKIPPED})
-            for step in steps if step.pk in pending
-        )
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.state != S.EXECUTING:
+            return None
+        steps = list(run.steps.all())
+        by_id = {step.step_id: step for step in steps}
+        in_flight = [step for step in steps if step.run_status in IN_FLIGHT]
+        failed = [step for step in steps if step.status == StepStatus.FAILED]
+        now = timezone.now()
+
+        if run.cancel_requested_at is not None:
+            _skip_pending(run, steps, "run cancelled")
+            _cancel_queued(run, in_flight)
+            if not any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
+                run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by, expected=S.EXECUTING,
+                               trace=TraceRecord(TraceKind.RUN, {"cancelled_by": run.cancel_requested_by_id}))
+                close = True
+        elif now >= _deadline(run):
+            _skip_pending(run, steps, "run timed out")
+            _cancel_queued(run, in_flight)
+            if not any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
+                error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
+                                       source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
+                run_transition(run, S.TIMEOUT, caller="tool controller", expected=S.EXECUTING,
+                               message=error["message"], data={"layer": "harness"},
+                               trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
+                                                 error=error))
+                close = True
+        elif failed:
+            _skip_pending(run, steps, f"step {failed[0].step_id} failed")
+            if not in_flight:
+                first = failed[0]
+                error = (first.result or {}).get("error") or error_envelope(
+                    ErrorCode.UNKNOWN, f"step {first.step_id} failed", source="executor")
+                run_transition(run, S.FAILED, caller="tool controller", expected=S.EXECUTING,
+                               message=error["message"],
+                               trace=TraceRecord(TraceKind.TOOL_INVOCATION,
+                                                 {"tool": first.tool, "step": first.step_id,
+                                                  "retry_count": max(first.attempt - 1, 0)},
+                                                 error=error, step=first))
+                close = True
+        elif all(step.status == StepStatus.SUCCESS for step in steps):
+            run_transition(run, S.TRACING, caller="tool controller", expected=S.EXECUTING)
+            close = True
+        else:
+            ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
+                     and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
+            claims = _dispatch(run, ready)
+            if claim_one and claims:
+                claim, claims = claims[0], claims[1:]
+            transaction.on_commit(lambda: _enqueue(claims))
+    if close:
+        from runs.pipeline import run_close
+
+        run_close(run_id)
+    return claim
 
 
-def _event(run: Run, step: Step, type_: str, message: str, data: dict | None = None) -> Event:
-    return Event.objects.create(type=type_, run=run, task_id=step.step_id, handle_id=step.handle_id,
-                                timestamp=timezone.now(), message=message, data=data or {})
+def _dispatch(run: Run, ready: list[Step]) -> list[Claim]:
+    claims = []
+    for step in ready:
+        handle_id = handle_for(step, 1)
+        if Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="").update(
+            run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=handle_id
+        ):
+            step.handle_id = handle_id
+            _event(run.pk, step, EventType.TASK_ACCEPTED, "accepted", {"attempt": 1})
+            claims.append(Claim(step.pk, 1))
+    return claims
 
 
-def _run_step(run: Run, step: Step, *, time_budget_s: float) -> dict:
-    result: dict = {}
-    for attempt in range(1, step.retries + 2):
-        handle_id = f"h-{step.pk}-{attempt}"
-        with transaction.atomic():
-            claimed = Step.objects.filter(pk=step.pk, status__in=[StepStatus.PENDING, StepStatus.RUNNING],
-                                          attempt=attempt - 1).update(
-                status=StepStatus.RUNNING, run_status=StepRunStatus.ACCEPTED, attempt=attempt,
-                handle_id=handle_id, started_at=timezone.now(),
-            )
-            if not claimed:  # another delivery of this task already ran it
-                step.refresh_from_db()
-                return step.result or {"status": step.run_status, "error": None}
-            step.refresh_from_db()
-            _event(run, step, EventType.TASK_ACCEPTED, "accepted", {"attempt": attempt})
+def _skip_pending(run: Run, steps: list[Step], reason: str) -> None:
+    for step in steps:
+        if step.status == StepStatus.PENDING and not step.run_status:
+            if Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="").update(
+                status=StepStatus.SKIPPED
+            ):
+                step.status = StepStatus.SKIPPED
+                _event(run.pk, step, EventType.TASK_CANCELLED, f"skipped: {reason}", {"status": "skipped"})
+
+
+def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
+    """Accepted attempts that have not started (queued, or waiting out a
+    retry backoff) are cancelled here; their task finds the claim gone."""
+    for step in in_flight:
+        if step.run_status == StepRunStatus.ACCEPTED and Step.objects.filter(
+            pk=step.pk, attempt=step.attempt, run_status=StepRunStatus.ACCEPTED
+        ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now()):
+            step.run_status = StepRunStatus.CANCELLED
+            _event(run.pk, step, EventType.TASK_CANCELLED, "cancelled before it started", {"attempt": step.attempt})
+
+
+def step_execute(step_pk: int, attempt: int) -> Claim | None:
+    """Run one claimed attempt of a step to its end; return the next step
+    attempt this worker should run itself, if any."""
+    with transaction.atomic():
         started = timezone.now()
-        with transaction.atomic():
-            Step.objects.filter(pk=step.pk).update(run_status=StepRunStatus.RUNNING)
-            _event(run, step, EventType.TASK_STARTED, "started", {"attempt": attempt})
-        result = _execute_shell(step, handle_id=handle_id, attempt=attempt, started=started,
-                                timeout_s=time_budget_s, cancelled=lambda: _cancel_requester(run.pk) is not None)
-        final_attempt = (result["status"] != StepRunStatus.FAILED or not result["error"]["retryable"]
-                         or attempt == step.retries + 1)
-        with transaction.atomic():
-            status = {StepRunStatus.SUCCESS: StepStatus.SUCCESS}.get(result["status"], StepStatus.FAILED)
-            Step.objects.filter(pk=step.pk).update(
-                run_status=result["status"], result=result, finished_at=timezone.now(),
-                status=status if final_attempt else StepStatus.RUNNING,
-            )
-            event_type = {StepRunStatus.SUCCESS: EventType.TASK_SUCCEEDED,
-                          StepRunStatus.CANCELLED: EventType.TASK_CANCELLED}.get(result["status"],
-                                                                                 EventType.TASK_FAILED)
-            _event(run, step, event_type, result["error"]["message"] if result["error"] else "succeeded",
-                   {"attempt": attempt, "duration_ms": result["duration_ms"]})
-            if not final_attempt:
-                _event(run, step, EventType.TASK_RETRIED, f"retrying after attempt {attempt}",
-                       {"attempt": attempt + 1})
-        step.refresh_from_db()
-        if final_attempt:
-            return result
-        time.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
-    return result
-
-
-def _execute_shell(step: Step, *, handle_id: str, attempt: int, started, timeout_s: float, cancelled) -> dict:
-    argv = step.params["argv"] if "argv" in step.params else ["/bin/sh", "-c", step.params["script"]]
-    status, error, exit_code = StepRunStatus.SUCCESS, None, None
-    cap = settings.EXECGO_OUTPUT_TAIL_BYTES
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    except OSError as exc:
-        stdout = stderr = b""
-        status = StepRunStatus.FAILED
-        error = error_envelope(ErrorCode.INVALID_INPUT, f"cannot start {argv[0]!r}: {exc.strerror}",
-                               source="executor", details={"argv0": argv[0]})
+        claimed = Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.ACCEPTED).update(
+            status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, started_at=started, host=current_host(),
+        )
+        if not claimed:  # a duplicate delivery, or the attempt was cancelled or superseded
+            return None
+        step = Step.objects.select_related("run").get(pk=step_pk)
+        run = step.run
+        _event(run.pk, step, EventType.TASK_STARTED, "started", {"attempt": attempt, "host": step.host})
+    if run.state != S.EXECUTING:
+        result = _cancelled_result(step, attempt, started, f"run is {run.state}")
     else:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                stdout, stderr = proc.communicate(timeout=CANCEL_POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline or cancelled():
-                    timed_out = time.monotonic() >= deadline
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    stdout, stderr = proc.communicate()
-                    status = StepRunStatus.FAILED if timed_out else StepRunStatus.CANCELLED
-                    error = (error_envelope(ErrorCode.TIMEOUT, f"step exceeded timeout {int(timeout_s * 1000)}ms",
-                                            source="executor", details={"timeout_ms": int(timeout_s * 1000)})
-                             if timed_out else
-                             error_envelope(ErrorCode.CANCELLED, "step cancelled", source="executor"))
-                    break
-        exit_code = proc.returncode
-        if error is None and exit_code != 0:
-            status = StepRunStatus.FAILED
-            error = error_envelope(ErrorCode.EXTERNAL_FAILURE, f"command exited with status {exit_code}",
-                                   source="executor", details={"exit_code": exit_code})
-    finished = timezone.now()
+        remaining = (_deadline(run) - timezone.now()).total_seconds()
+        result = run_tool(
+            step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001),
+            cancel_requested=_cancel_poller(run.pk),
+            on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
+        )
+    retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
+             and attempt <= step.retries and timezone.now() < _deadline(run))
+    with transaction.atomic():
+        status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
+        fenced = Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
+            run_status=result["status"], result=result, finished_at=timezone.now(),
+            status=StepStatus.RUNNING if retry else status, progress=100 if status == StepStatus.SUCCESS else None,
+        )
+        if not fenced:
+            AuditLog.objects.create(run_id=run.pk, tenant_id=run.tenant_id, event="stale_result_ignored",
+                                    caller="tool controller",
+                                    data={"step": step.step_id, "attempt": attempt, "status": result["status"]})
+            return None
+        event_type = {StepRunStatus.SUCCESS: EventType.TASK_SUCCEEDED,
+                      StepRunStatus.CANCELLED: EventType.TASK_CANCELLED}.get(result["status"], EventType.TASK_FAILED)
+        _event(run.pk, step, event_type, result["error"]["message"] if result["error"] else "succeeded",
+               {"attempt": attempt, "duration_ms": result["duration_ms"]})
+        if retry:
+            backoff = min(0.2 * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            next_attempt = attempt + 1
+            step.handle_id = handle_for(step, next_attempt)
+            Step.objects.filter(pk=step_pk, attempt=attempt).update(
+                attempt=next_attempt, run_status=StepRunStatus.ACCEPTED, handle_id=step.handle_id
+            )
+            _event(run.pk, step, EventType.TASK_RETRIED, f"retrying in {backoff:.1f}s after attempt {attempt}",
+                   {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]})
+            transaction.on_commit(lambda: _enqueue([Claim(step_pk, next_attempt)], countdown=backoff))
+            return None
+    return run_settle(run.pk, claim_one=True)
+
+
+def _cancel_poller(run_id: int):
+    """A cheap ``cancel_requested()`` for the executor: the database is
+    asked at most every CANCEL_POLL_S, whatever the executor's poll rate."""
+    last = {"at": 0.0, "value": False}
+
+    def cancel_requested() -> bool:
+        now = time.monotonic()
+        if not last["value"] and now - last["at"] >= CANCEL_POLL_S:
+            last["at"] = now
+            last["value"] = Run.objects.filter(pk=run_id).exclude(
+                cancel_requested_at=None, state=S.EXECUTING
+            ).exists()
+        return last["value"]
+
+    return cancel_requested
+
+
+def _progress(run_id: int, step: Step, attempt: int, percent: int, message: str) -> None:
+    with transaction.atomic():
+        if Step.objects.filter(pk=step.pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
+            progress=percent
+        ):
+            _event(run_id, step, EventType.TASK_PROGRESSED, message, {"attempt": attempt, "progress": percent})
+
+
+def _cancelled_result(step: Step, attempt: int, started, reason: str) -> dict:
+    now = timezone.now()
     return {
-        "status": status,
-        "handle_id": handle_id,
-        "output": {"exit_code": exit_code, "stdout": stdout[-cap:].decode("utf-8", "replace")},
-        "started_at": _iso(started),
-        "finished_at": _iso(finished),
-        "duration_ms": int((finished - started).total_seconds() * 1000),
-        "attempt": attempt,
-        "details": {"exit_code": exit_code, "stderr": stderr[-cap:].decode("utf-8", "replace")},
-        "error": error,
+        "status": StepRunStatus.CANCELLED, "handle_id": step.handle_id, "output": {},
+        "started_at": started.isoformat().replace("+00:00", "Z"), "finished_at": now.isoformat().replace("+00:00", "Z"),
+        "duration_ms": 0, "attempt": attempt, "details": {},
+        "error": error_envelope(ErrorCode.CANCELLED, reason, source="scheduler"),
     }
+
+
+def execute_claims(claim: Claim | None) -> None:
+    """Run a chain of in-process claims until settle hands back none."""
+    while claim is not None:
+        claim = step_execute(claim.step_pk, claim.attempt)
+

@@ -87,7 +87,9 @@ class Run(ConcurrentTransitionMixin, models.Model):
     previous_state = models.CharField(max_length=20, choices=S.choices, blank=True)
     closing_cause = models.CharField(max_length=20, choices=ClosingCause.choices, blank=True)
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
-    plan = models.JSONField(default=dict)
+    planner = models.CharField(max_length=20, default="static")
+    goal = models.TextField(blank=True)  # what the llm planner turns into a plan
+    plan = models.JSONField(default=dict, blank=True)
     timeout_s = models.PositiveIntegerField()
     approval_timeout_s = models.PositiveIntegerField()
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
@@ -229,7 +231,13 @@ class Step(models.Model):
     status = models.CharField(max_length=10, choices=StepStatus.choices, default=StepStatus.PENDING)
     run_status = models.CharField(max_length=10, choices=StepRunStatus.choices, blank=True)
     handle_id = models.CharField(max_length=100, blank=True)
+    # The fencing epoch: a result is applied only while ``attempt`` still
+    # names the execution that produced it.
     attempt = models.PositiveSmallIntegerField(default=0)
+    host = models.CharField(max_length=200, blank=True)
+    progress = models.PositiveSmallIntegerField(null=True, blank=True)
+    requested_plan = models.JSONField(default=dict, blank=True)
+    effective_plan = models.JSONField(default=dict, blank=True)
     result = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -240,6 +248,74 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"Step {self.step_id} of run {self.run_id} ({self.status})"
+
+
+class RiskLevel(models.TextChoices):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    DENY = "deny"
+
+
+class PolicyRule(models.Model):
+    """Matches a tool call to a risk. Changed only through
+    ``runs.policy.policy_rule_save`` / ``policy_rule_delete``, which bump the
+    policy version in the same transaction."""
+
+    class Field(models.TextChoices):
+        ARGV = "argv"  # the shell command line, argv joined by spaces
+        SCRIPT = "script"
+        COMMAND = "command"  # argv or script, whichever the step has
+        URL = "url"
+        METHOD = "method"
+        PATH = "path"
+        OP = "op"
+
+    name = models.CharField(max_length=100, unique=True)
+    tool = models.CharField(max_length=20, help_text="shell, http, file, or * for any tool")
+    field = models.CharField(max_length=10, choices=Field.choices)
+    pattern = models.CharField(max_length=500, help_text="a Python regular expression, searched in the field")
+    negate = models.BooleanField(default=False, help_text="match when the pattern is NOT found")
+    outcome = models.CharField(max_length=10, choices=RiskLevel.choices)
+    reason = models.CharField(max_length=300)
+    enabled = models.BooleanField(default=True)
+    priority = models.IntegerField(default=100, help_text="lower runs first; listed in this order in traces")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["priority", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.outcome})"
+
+
+class PolicyVersion(models.Model):
+    """A single row: the current policy version, bumped on every rule change."""
+
+    version = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"policy v{self.version}"
+
+
+class MemoryEntry(models.Model):
+    """Long-term memory of an agent in a tenant, written only by the TRACING
+    stage of a run that ends SUCCEEDED."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memories")
+    agent = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories")
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="memory")
+    summary = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["tenant", "agent", "-id"], name="memory_recall")]
+
+    def __str__(self) -> str:
+        return f"memory of run {self.run_id}"
 
 
 class TraceKind(models.TextChoices):

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.errors import ExecGoError
-from runs.execution import execute_steps
+from runs.execution import Claim, executing_started, run_settle
 from runs.models import AuditLog, Event, EventType, Run, Step, TraceKind
 from runs.plans import KNOWN_TOOLS, validate_plan
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
@@ -22,20 +22,24 @@ S = RunState
 logger = logging.getLogger(__name__)
 
 
-def run_advance(run_id: int) -> None:
-    """Drive the run as far as it can go without outside input."""
+def run_advance(run_id: int) -> Claim | None:
+    """Drive the run as far as it can go without outside input; once it is
+    EXECUTING, dispatch its first steps and hand one back to run in-process."""
     while True:
         run = Run.objects.filter(pk=run_id).first()
         if run is None or run.is_final:
-            return
+            return None
+        if run.state == S.EXECUTING:
+            executing_started(run)
+            return run_settle(run_id, claim_one=True)
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
-            return
+            return None
         try:
             stage(run)
         except TransitionLost as lost:
             logger.info("run %s: %s; another writer drives it", run_id, lost)
-            return
+            return None
 
 
 def _prepare(run: Run) -> None:
@@ -79,17 +83,6 @@ def _check_policy(run: Run) -> None:
     decision = {"risk": "low", "matched_rules": [], "steps": [{"id": s, "tool": t, "risk": "low"} for s, t in steps]}
     run_transition(run, S.EXECUTING, caller="hitl controller", expected=S.POLICY_CHECK,
                    trace=TraceRecord(TraceKind.POLICY_DECISION, decision))
-
-
-def _execute(run: Run) -> None:
-    outcome = execute_steps(run)
-    if outcome.target == S.TRACING:
-        run_transition(run, S.TRACING, caller="tool controller", expected=S.EXECUTING)
-    else:
-        run_transition(run, outcome.target, caller=outcome.caller, actor=outcome.actor, expected=S.EXECUTING,
-                       message=outcome.error["message"] if outcome.error else "",
-                       trace=TraceRecord(outcome.trace_kind, outcome.trace_data, error=outcome.error,
-                                         step=outcome.step))
 
 
 def run_close(run_id: int) -> Run | None:
@@ -147,7 +140,6 @@ STAGES = {
     S.PREPARING: _prepare,
     S.PLANNING: _plan,
     S.POLICY_CHECK: _check_policy,
-    S.EXECUTING: _execute,
     S.REJECTED: _close,
     S.FAILED: _close,
     S.TIMEOUT: _close,

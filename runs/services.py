@@ -32,11 +32,13 @@ def _enqueue_advance(run_id: int) -> None:
     advance_run.delay(run_id)
 
 
-def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, plan: dict, timeout_s: int,
-                approval_timeout_s: int, idempotency_key: str | None = None, retry_of: Run | None = None) -> Run:
+def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str, plan: dict, goal: str,
+                timeout_s: int, approval_timeout_s: int, idempotency_key: str | None = None,
+                retry_of: Run | None = None) -> Run:
     now = timezone.now()
     run = Run.objects.create(
-        job=job, tenant=tenant, submitted_by=user, title=title, plan=plan, timeout_s=timeout_s,
+        job=job, tenant=tenant, submitted_by=user, title=title, planner=planner, plan=plan, goal=goal,
+        timeout_s=timeout_s,
         approval_timeout_s=approval_timeout_s, idempotency_key=idempotency_key, retry_of=retry_of,
         last_state_change_at=now,
     )
@@ -55,9 +57,11 @@ def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, plan: dict, 
     return run
 
 
-def run_submit(*, tenant: Tenant, user: Any, plan: dict, title: str = "", timeout_s: int | None = None,
-               approval_timeout_s: int | None = None, idempotency_key: str | None = None) -> Submission:
-    validate_plan(plan)
+def run_submit(*, tenant: Tenant, user: Any, plan: dict | None = None, title: str = "", planner: str = "static",
+               goal: str = "", timeout_s: int | None = None, approval_timeout_s: int | None = None,
+               idempotency_key: str | None = None) -> Submission:
+    if planner == "static":
+        validate_plan(plan)
     if idempotency_key:
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
@@ -66,7 +70,7 @@ def run_submit(*, tenant: Tenant, user: Any, plan: dict, title: str = "", timeou
         with transaction.atomic():
             job = Job.objects.create(tenant=tenant, title=title, created_by=user)
             run = _create_run(
-                job=job, tenant=tenant, user=user, title=title, plan=plan,
+                job=job, tenant=tenant, user=user, title=title, planner=planner, plan=plan or {}, goal=goal,
                 timeout_s=timeout_s or settings.EXECGO_RUN_TIMEOUT_S,
                 approval_timeout_s=approval_timeout_s or settings.EXECGO_APPROVAL_TIMEOUT_S,
                 idempotency_key=idempotency_key or None,
@@ -97,7 +101,13 @@ def run_cancel(*, run: Run, user: Any) -> Run:
         )
         AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="cancel_requested", actor=user,
                                 caller="api", from_state=run.state)
-    if run.state == S.AWAITING_HITL:
+    if run.state == S.EXECUTING:
+        # The executing steps poll the flag; a run between steps (queued, or
+        # waiting out a retry backoff) is settled by this task.
+        from runs.tasks import settle_run
+
+        settle_run.delay(run.pk)
+    elif run.state == S.AWAITING_HITL:
         from runs.pipeline import run_close
 
         try:
@@ -117,6 +127,7 @@ def run_retry(*, run: Run, user: Any) -> Run:
                             source="api", details={"state": run.state})
     with transaction.atomic():
         return _create_run(
-            job=run.job, tenant=run.tenant, user=user, title=run.title, plan=run.plan, timeout_s=run.timeout_s,
+            job=run.job, tenant=run.tenant, user=user, title=run.title, planner=run.planner,
+            plan=run.plan if run.planner == "static" else {}, goal=run.goal, timeout_s=run.timeout_s,
             approval_timeout_s=run.approval_timeout_s, retry_of=run,
         )

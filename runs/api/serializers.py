@@ -17,9 +17,18 @@ class StrictSerializer(serializers.Serializer):
 
 class RunCreateSerializer(StrictSerializer):
     title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    plan = serializers.JSONField()
+    planner = serializers.ChoiceField(choices=["static", "llm"], required=False, default="static")
+    plan = serializers.JSONField(required=False)
+    goal = serializers.CharField(max_length=20000, required=False, allow_blank=False)
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=7 * 24 * 3600)
     approval_timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=30 * 24 * 3600)
+
+    def validate(self, attrs):
+        if attrs["planner"] == "static" and "plan" not in attrs:
+            raise serializers.ValidationError({"plan": ["required by the static planner"]})
+        if attrs["planner"] == "llm" and "goal" not in attrs:
+            raise serializers.ValidationError({"goal": ["required by the llm planner"]})
+        return attrs
 
 
 class StepSerializer(serializers.ModelSerializer):
@@ -37,7 +46,8 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        fields = ["id", "job", "title", "state", "closing_cause", "retry_of", "timeout_s", "approval_timeout_s",
+        fields = ["id", "job", "title", "state", "closing_cause", "retry_of", "planner", "goal", "plan", "timeout_s",
+                  "approval_timeout_s",
                   "cancel_requested_at", "created_at", "last_state_change_at", "finished_at", "steps"]
         read_only_fields = fields
 

@@ -1,0 +1,216 @@
+"""The operators' view of the kernel: browse, search, filter — and cancel.
+
+Nothing here writes a run's state or its history. ``Run.state`` is moved
+only by ``runs.transitions.run_transition``; every other Run column is
+written by a service too, so the Run admin is view-only and its one write,
+"Cancel selected runs", calls ``runs.services.run_cancel``. Traces, the
+audit log and the event outbox are append-only records: no add, change or
+delete here, not even for superusers. ``Job.status`` and
+``Job.run_state_snapshot`` are the projector's, so they are read-only.
+"""
+
+from django.contrib import admin, messages
+
+from runs.errors import ExecGoError
+from runs.models import AuditLog, Event, Job, Membership, Run, Step, Tenant, Trace
+from runs.services import run_cancel
+from runs.transitions import TransitionLost
+
+
+class ReadOnlyAdminMixin:
+    """No add, change or delete for anyone, superusers included: a superuser
+    passes every ``has_perm`` check, so the permission methods themselves
+    have to say no."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class ReadOnlyInline(ReadOnlyAdminMixin, admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+
+# --- tenants and memberships -------------------------------------------------
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("name", "id", "created_at")
+    search_fields = ("name",)
+    list_filter = ("created_at",)
+    readonly_fields = ("created_at",)
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("user", "tenant")
+    list_select_related = ("user", "tenant")
+    search_fields = ("user__username", "user__email", "tenant__name")
+    list_filter = ("tenant",)
+    autocomplete_fields = ("user", "tenant")
+
+
+# --- jobs and runs -----------------------------------------------------------
+
+
+class JobRunInline(ReadOnlyInline):
+    model = Run
+    fk_name = "job"
+    fields = ("state", "closing_cause", "retry_of", "submitted_by", "created_at", "finished_at")
+    readonly_fields = fields
+    ordering = ("id",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("retry_of", "submitted_by")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "title", "tenant", "status", "latest_run", "created_by", "created_at", "updated_at")
+    list_display_links = ("id", "title")
+    list_select_related = ("tenant", "latest_run", "created_by")
+    search_fields = ("id__exact", "title", "created_by__username", "tenant__name")
+    list_filter = ("status", "tenant", "created_at")
+    fields = ("title", "tenant", "created_by", "status", "latest_run", "run_state_snapshot", "created_at",
+              "updated_at")
+    # status and run_state_snapshot are the projection of the latest run's
+    # state; latest_run and tenant are the kernel's bookkeeping.
+    readonly_fields = ("tenant", "created_by", "status", "latest_run", "run_state_snapshot", "created_at",
+                       "updated_at")
+    inlines = (JobRunInline,)
+
+    def has_add_permission(self, request) -> bool:
+        return False  # a job comes into being with its first run (runs.services.run_submit)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # runs, traces and audit rows are kept (SPEC §8, GC)
+
+    def save_model(self, request, obj, form, change):
+        # A plain save() writes every column from the copy loaded when the
+        # form was opened, which would put back a Job.status the projector
+        # has since moved on. Write only what the form changed.
+        if form.changed_data:
+            obj.save(update_fields=[*form.changed_data, "updated_at"])
+
+
+class StepInline(ReadOnlyInline):
+    model = Step
+    fields = ("step_id", "position", "tool", "status", "run_status", "attempt", "handle_id", "started_at",
+              "finished_at")
+    readonly_fields = fields
+
+
+class TraceInline(ReadOnlyInline):
+    model = Trace
+    fields = ("kind", "from_state", "to_state", "step", "data", "error", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("step")
+
+
+class AuditLogInline(ReadOnlyInline):
+    model = AuditLog
+    fields = ("event", "actor", "caller", "forced_by", "from_state", "to_state", "data", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("actor")
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "title", "state", "closing_cause", "tenant", "submitted_by", "job", "created_at",
+                    "last_state_change_at", "cancel_requested_at")
+    list_display_links = ("id", "title")
+    list_select_related = ("tenant", "submitted_by", "job")
+    search_fields = ("id__exact", "title", "idempotency_key", "submitted_by__username", "tenant__name")
+    list_filter = ("state", "closing_cause", "tenant", "created_at")
+    fieldsets = (
+        (None, {"fields": ("title", "tenant", "job", "submitted_by", "retry_of")}),
+        ("State", {"fields": ("state", "previous_state", "closing_cause", "created_at", "last_state_change_at",
+                              "executing_started_at", "finished_at")}),
+        ("Cancellation", {"fields": ("cancel_requested_at", "cancel_requested_by")}),
+        ("Plan", {"fields": ("plan", "timeout_s", "approval_timeout_s", "idempotency_key", "context")}),
+    )
+    # Spelled out, not only implied by the missing change permission, so that
+    # granting one later can never make the state an input.
+    readonly_fields = tuple(field for _, options in fieldsets for field in options["fields"])
+    inlines = (StepInline, TraceInline, AuditLogInline)
+    actions = ("cancel_runs",)
+
+    def has_cancel_permission(self, request) -> bool:
+        return request.user.has_perm("runs.change_run")
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
+    def cancel_runs(self, request, queryset):
+        requested, refused = [], []
+        for run in queryset.order_by("id"):
+            try:
+                run = run_cancel(run=run, user=request.user)
+            except ExecGoError as exc:
+                refused.append(f"run {run.pk}: {exc.envelope['message']}")
+            except TransitionLost as lost:
+                # The cancel request is stored; another writer closed the run first.
+                refused.append(f"run {run.pk}: {lost}")
+            else:
+                requested.append(f"{run.pk} ({run.state})")
+        if requested:
+            self.message_user(request, f"Cancel requested for {len(requested)} run(s): {', '.join(requested)}",
+                              messages.SUCCESS)
+        for message in refused:
+            self.message_user(request, f"Not cancelled — {message}", messages.ERROR)
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("step_id", "run", "tool", "status", "run_status", "attempt", "handle_id", "started_at",
+                    "finished_at")
+    list_select_related = ("run",)
+    search_fields = ("step_id", "handle_id", "run__id__exact")
+    list_filter = ("status", "run_status", "tool", "run__tenant", "started_at")
+    inlines = (TraceInline,)
+
+
+# --- append-only records ------------------------------------------------------
+
+
+@admin.register(Trace)
+class TraceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "run", "kind", "from_state", "to_state", "step", "created_at")
+    list_select_related = ("run", "step")
+    search_fields = ("run__id__exact", "kind", "from_state", "to_state")
+    list_filter = ("kind", "run__tenant", "created_at")
+    show_full_result_count = False  # append-only and large: skip the unfiltered COUNT(*)
+
+
+@admin.register(AuditLog)
+class AuditLogAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "event", "run", "tenant", "actor", "caller", "forced_by", "from_state", "to_state",
+                    "created_at")
+    list_select_related = ("run", "tenant", "actor")
+    search_fields = ("event", "caller", "actor__username", "run__id__exact")
+    list_filter = ("event", "forced_by", "tenant", "created_at")
+    show_full_result_count = False
+
+    def get_queryset(self, request):
+        # run and tenant carry no database constraint (an audit row may name
+        # a run whose insert rolled back); the outer join shows those as empty.
+        return super().get_queryset(request).select_related("run", "tenant", "actor")
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("id", "type", "run", "task_id", "handle_id", "timestamp", "message")
+    list_select_related = ("run",)
+    search_fields = ("run__id__exact", "task_id", "handle_id", "message")
+    list_filter = ("type", "run__tenant", "timestamp")
+    show_full_result_count = False
