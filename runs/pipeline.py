@@ -11,10 +11,11 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from runs.errors import ExecGoError
 from runs.execution import Claim, executing_started, run_settle
 from runs.models import AuditLog, Event, EventType, Run, Step, TraceKind
-from runs.plans import KNOWN_TOOLS, validate_plan
+from runs.planners import PlanningFailed, plan_run
+from runs.plans import KNOWN_TOOLS
+from runs.policy import evaluate_policy
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
 
@@ -55,14 +56,17 @@ def _prepare(run: Run) -> None:
 
 def _plan(run: Run) -> None:
     try:
-        steps = validate_plan(run.plan)
-    except ExecGoError as exc:
-        run_transition(run, S.FAILED, caller="planner", expected=S.PLANNING, message=exc.envelope["message"],
-                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "planner": "static"},
-                                         error=exc.envelope))
+        steps, trace_data = plan_run(run)
+    except PlanningFailed as failure:
+        run_transition(run, S.TIMEOUT if failure.timed_out else S.FAILED, caller="planner", expected=S.PLANNING,
+                       message=failure.envelope["message"],
+                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", **failure.trace_data},
+                                         error=failure.envelope))
         return
     now = timezone.now()
     with transaction.atomic():
+        if run.planner != "static":  # keep what the planner produced with the run
+            Run.objects.filter(pk=run.pk).update(plan={"steps": steps})
         created = Step.objects.bulk_create(
             Step(run=run, step_id=step["id"], position=position, tool=step["tool"], params=step["params"],
                  depends_on=step["depends_on"], timeout_s=step["timeout_s"], retries=step["retries"])
@@ -74,15 +78,23 @@ def _plan(run: Run) -> None:
             for step in created
         )
         run_transition(run, S.POLICY_CHECK, caller="planner", expected=S.PLANNING,
-                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "planner": "static",
-                                                                      "steps": len(steps)}))
+                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "steps": len(steps),
+                                                                      **trace_data}))
 
 
 def _check_policy(run: Run) -> None:
-    steps = list(run.steps.values_list("step_id", "tool"))
-    decision = {"risk": "low", "matched_rules": [], "steps": [{"id": s, "tool": t, "risk": "low"} for s, t in steps]}
-    run_transition(run, S.EXECUTING, caller="hitl controller", expected=S.POLICY_CHECK,
-                   trace=TraceRecord(TraceKind.POLICY_DECISION, decision))
+    decision = evaluate_policy(run)
+    trace = TraceRecord(TraceKind.POLICY_DECISION, decision.data, error=decision.error)
+    if decision.rejected:
+        run_transition(run, S.REJECTED, caller="hitl controller", expected=S.POLICY_CHECK, trace=trace,
+                       message=decision.error["message"] if decision.error else "rejected by policy")
+    elif decision.risk == "high":
+        with transaction.atomic():
+            # Persisted before waiting: execution resumes from it after approval.
+            Run.objects.filter(pk=run.pk).update(context={**run.context, "policy": decision.data})
+            run_transition(run, S.AWAITING_HITL, caller="hitl controller", expected=S.POLICY_CHECK, trace=trace)
+    else:
+        run_transition(run, S.EXECUTING, caller="hitl controller", expected=S.POLICY_CHECK, trace=trace)
 
 
 def run_close(run_id: int) -> Run | None:
