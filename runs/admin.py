@@ -103,7 +103,7 @@ class JobAdmin(admin.ModelAdmin):
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ("step_id", "position", "tool", "status", "run_status", "attempt", "handle_id", "started_at",
+    fields = ("step_id", "position", "tool", "status", "run_status", "attempt", "handle_id", "host", "started_at",
               "finished_at")
     readonly_fields = fields
 
@@ -132,14 +132,15 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     "last_state_change_at", "cancel_requested_at")
     list_display_links = ("id", "title")
     list_select_related = ("tenant", "submitted_by", "job")
-    search_fields = ("id__exact", "title", "idempotency_key", "submitted_by__username", "tenant__name")
-    list_filter = ("state", "closing_cause", "tenant", "created_at")
+    search_fields = ("id__exact", "title", "goal", "idempotency_key", "submitted_by__username", "tenant__name")
+    list_filter = ("state", "closing_cause", "planner", "tenant", "created_at")
     fieldsets = (
         (None, {"fields": ("title", "tenant", "job", "submitted_by", "retry_of")}),
         ("State", {"fields": ("state", "previous_state", "closing_cause", "created_at", "last_state_change_at",
                               "executing_started_at", "finished_at")}),
         ("Cancellation", {"fields": ("cancel_requested_at", "cancel_requested_by")}),
-        ("Plan", {"fields": ("plan", "timeout_s", "approval_timeout_s", "idempotency_key", "context")}),
+        ("Plan", {"fields": ("planner", "goal", "plan", "timeout_s", "approval_timeout_s", "idempotency_key",
+                             "context")}),
     )
     # Spelled out, not only implied by the missing change permission, so that
     # granting one later can never make the state an input.

@@ -12,9 +12,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.execution import Claim, executing_started, run_settle
+from runs.context import assemble_context
+from runs.errors import ExecGoError
+from runs.memory import memory_write
 from runs.models import AuditLog, Event, EventType, Run, Step, TraceKind
 from runs.planners import PlanningFailed, plan_run
-from runs.plans import KNOWN_TOOLS
 from runs.policy import evaluate_policy
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
@@ -44,14 +46,17 @@ def run_advance(run_id: int) -> Claim | None:
 
 
 def _prepare(run: Run) -> None:
-    history = list(
-        Run.objects.filter(job_id=run.job_id, pk__lt=run.pk).order_by("pk").values("id", "state", "closing_cause")
-    )
-    context = {"tools": list(KNOWN_TOOLS), "job_history": history}
+    try:
+        assembled = assemble_context(run)
+    except ExecGoError as exc:
+        run_transition(run, S.FAILED, caller="context assembler", expected=S.PREPARING,
+                       message=exc.envelope["message"],
+                       trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, exc.envelope["details"], error=exc.envelope))
+        return
     with transaction.atomic():
-        Run.objects.filter(pk=run.pk).update(context=context)
+        Run.objects.filter(pk=run.pk).update(context=assembled.context)
         run_transition(run, S.PLANNING, caller="context assembler", expected=S.PREPARING,
-                       trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, {"memories": 0, "history": len(history)}))
+                       trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, assembled.trace))
 
 
 def _plan(run: Run) -> None:
@@ -119,6 +124,8 @@ def run_close(run_id: int) -> Run | None:
             actor=run.cancel_requested_by if target == S.CLOSED_CANCELLED else None,
             trace=TraceRecord(TraceKind.RUN, _run_summary(run)),
         )
+        if target == S.SUCCEEDED:
+            memory_write(run)
         if cancel_superseded:
             # A cancel that arrived too late to apply is answered, not dropped.
             AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="cancel_superseded",

@@ -2,7 +2,7 @@
 
 from django.db.models import QuerySet
 
-from runs.models import Event, Job, Run, Tenant
+from runs.models import Event, Job, MemoryEntry, Run, Tenant
 
 
 def tenant_of(user) -> Tenant | None:
@@ -26,3 +26,11 @@ def jobs_for_user(user) -> QuerySet[Job]:
 
 def run_events_after(run: Run, after: int, limit: int = 500) -> list[Event]:
     return list(Event.objects.filter(run=run, pk__gt=after).order_by("pk")[:limit])
+
+
+def memories_for_user(user) -> QuerySet[MemoryEntry]:
+    """The requesting agent's own memories in its tenant."""
+    tenant = tenant_of(user)
+    if tenant is None:
+        return MemoryEntry.objects.none()
+    return MemoryEntry.objects.filter(tenant=tenant, agent=user)

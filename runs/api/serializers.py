@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from runs.models import Event, Job, Run, Step
+from runs.models import Event, Job, MemoryEntry, Run, Step
 
 
 class StrictSerializer(serializers.Serializer):
@@ -71,4 +71,11 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "title", "status", "run_state_snapshot", "latest_run", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class MemorySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MemoryEntry
+        fields = ["id", "run", "summary", "data", "created_at"]
         read_only_fields = fields

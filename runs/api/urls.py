@@ -8,5 +8,6 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<int:run_id>/retry", views.RunRetryView.as_view(), name="run-retry"),
     path("runs/<int:run_id>/events", views.RunEventsView.as_view(), name="run-events"),
+    path("memories", views.MemoryListView.as_view(), name="memory-list"),
     path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="job-detail"),
 ]

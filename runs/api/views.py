@@ -12,12 +12,13 @@ from rest_framework.views import APIView
 from runs.api.serializers import (
     EventSerializer,
     JobSerializer,
+    MemorySerializer,
     RunCreateSerializer,
     RunSerializer,
     RunSummarySerializer,
 )
 from runs.models import Run
-from runs.selectors import jobs_for_user, run_events_after, runs_for_user, tenant_of
+from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
 from runs.statemachine import RunState
 
@@ -121,3 +122,10 @@ class JobDetailView(APIView):
     @extend_schema(responses=JobSerializer)
     def get(self, request, job_id: int):
         return Response(JobSerializer(get_object_or_404(jobs_for_user(request.user), pk=job_id)).data)
+
+
+class MemoryListView(generics.ListAPIView):
+    serializer_class = MemorySerializer
+
+    def get_queryset(self):
+        return memories_for_user(self.request.user).order_by("-id")

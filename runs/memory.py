@@ -1,0 +1,33 @@
+"""Long-term memory (SPEC §7): recalled in PREPARING (same tenant, same
+agent), written only in the TRACING of a run that ends SUCCEEDED."""
+
+from django.conf import settings
+
+from runs.models import MemoryEntry, Run, StepStatus
+
+
+def memories_for(run: Run) -> list[MemoryEntry]:
+    if run.submitted_by_id is None:
+        return []
+    return list(
+        MemoryEntry.objects.filter(tenant_id=run.tenant_id, agent_id=run.submitted_by_id)
+        .select_related("run")
+        .order_by("-id")[: settings.EXECGO_MEMORY_RECALL_LIMIT]
+    )
+
+
+def memory_write(run: Run) -> MemoryEntry | None:
+    """Called by the tracer inside the SUCCEEDED transition's transaction."""
+    if run.submitted_by_id is None:
+        return None
+    cap = settings.EXECGO_MEMORY_OUTPUT_BYTES
+    outputs = {}
+    for step_id, result in run.steps.filter(status=StepStatus.SUCCESS).values_list("step_id", "result"):
+        output = (result or {}).get("output") or {}
+        text = output.get("stdout") if isinstance(output.get("stdout"), str) else None
+        outputs[step_id] = text[-cap:] if text is not None else output
+    label = run.title or run.goal[:80] or f"run {run.pk}"
+    return MemoryEntry.objects.create(
+        tenant_id=run.tenant_id, agent_id=run.submitted_by_id, run=run,
+        summary=f"{label}: {len(outputs)} step(s) succeeded", data={"outputs": outputs},
+    )
