@@ -160,8 +160,9 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             except ExecGoError as exc:
                 refused.append(f"run {run.pk}: {exc.envelope['message']}")
             except TransitionLost as lost:
-                # The cancel request is stored; another writer closed the run first.
-                refused.append(f"run {run.pk}: {lost}")
+                # Another writer moved the run while it was being closed; the
+                # stored request still stands and the audit log has both.
+                refused.append(f"run {run.pk}: cancel request stored, but {lost}")
             else:
                 requested.append(f"{run.pk} ({run.state})")
         if requested:

@@ -16,11 +16,14 @@ class ErrorCode(models.TextChoices):
     INTERNAL = "internal"
 
 
+# A command that exits non-zero (external_failure) may well succeed on a
+# second try, so it is retryable; a step is retried only when the agent asked
+# for retries. Bad input and denials never are.
 # Conflict is not an error code of its own: a refused second decision or a
 # cancel of a final run is ``invalid_input`` in a 409 response.
 DEFAULT_RETRYABLE = {
     ErrorCode.TIMEOUT: True,
-    ErrorCode.EXTERNAL_FAILURE: False,
+    ErrorCode.EXTERNAL_FAILURE: True,
     ErrorCode.INTERNAL: True,
 }
 

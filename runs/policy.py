@@ -1,9 +1,62 @@
 """POLICY_CHECK: rate every tool call of a plan against the policy rules and
-the run budgets."""
+the run budgets, and the services that change the rules.
 
+A rule matches a step when its ``tool`` is the step's tool (or ``*``) and its
+``pattern`` is found (``re.search``) in the rule's ``field`` of the step — or
+is not found, for a ``negate`` rule. A field the step does not have (a URL on
+a shell step, a script on an argv step) matches nothing, negated or not. A
+step's risk is the highest outcome among the rules it matches (low < medium
+< high < deny); a step no rule matches is low. The run's risk is the highest
+of its steps'. A run over any budget is denied whatever its rules say.
+
+Hosts in ``EXECGO_HTTP_ALLOWED_HOSTS`` may receive state-changing requests
+without approval: on an http step to such a host, the rules on the ``method``
+field whose outcome is below ``deny`` are waived (the waiver is listed in the
+step's reasons). A deny rule always applies.
+
+Budgets (settings, with defaults):
+
+- ``EXECGO_BUDGET_MAX_STEPS`` (100): steps in the plan;
+- ``EXECGO_BUDGET_MAX_RUN_SECONDS`` (3600): the run's own timeout;
+- ``EXECGO_BUDGET_MAX_CPU_SECONDS`` (600): an upper bound on the CPU the shell
+  steps can use — per step its timeout times its attempts, capped by the run
+  timeout (the harness stops every step at the run's deadline);
+- ``EXECGO_BUDGET_MAX_HTTP_CALLS`` (50): http requests, counting retries.
+"""
+
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
-from runs.models import Run
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from runs.errors import ErrorCode, error_envelope
+from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
+from runs.plans import KNOWN_TOOLS
+
+ANY_TOOL = "*"
+RISK_ORDER = {RiskLevel.LOW: 0, RiskLevel.MEDIUM: 1, RiskLevel.HIGH: 2, RiskLevel.DENY: 3}
+Field = PolicyRule.Field
+FIELDS_OF_TOOL = {
+    "shell": {Field.ARGV, Field.SCRIPT, Field.COMMAND},
+    "http": {Field.URL, Field.METHOD},
+    "file": {Field.PATH, Field.OP},
+}
+BUDGETS = (
+    # (name, setting, default)
+    ("steps", "EXECGO_BUDGET_MAX_STEPS", 100),
+    ("run_seconds", "EXECGO_BUDGET_MAX_RUN_SECONDS", 3600),
+    ("cpu_seconds", "EXECGO_BUDGET_MAX_CPU_SECONDS", 600),
+    ("http_calls", "EXECGO_BUDGET_MAX_HTTP_CALLS", 50),
+)
+NO_RULE_MATCHED = "no rule matched (default low)"
+MAX_SNAPSHOT_ATTEMPTS = 5
 
 
 @dataclass
@@ -17,9 +70,274 @@ class PolicyDecision:
         return self.risk == "deny"
 
 
+# --- rule changes -----------------------------------------------------------
+
+
+def current_policy_version() -> int:
+    return PolicyVersion.objects.get_or_create(pk=1)[0].version
+
+
+def validate_rule_pattern(pattern: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValidationError(f"not a valid regular expression: {exc}", code="invalid_pattern") from None
+
+
+def validate_rule_tool(tool: str) -> str:
+    if tool != ANY_TOOL and tool not in KNOWN_TOOLS:
+        raise ValidationError(f"tool must be one of {', '.join(KNOWN_TOOLS)} or {ANY_TOOL}, not {tool!r}",
+                              code="invalid_tool")
+    return tool
+
+
+def validate_rule_field(tool: str, field: str) -> None:
+    """A rule on a field its tool never has would silently match nothing."""
+    if tool in FIELDS_OF_TOOL and field not in FIELDS_OF_TOOL[tool]:
+        names = ", ".join(sorted(FIELDS_OF_TOOL[tool]))
+        raise ValidationError(f"{tool} steps have no {field!r} field (they have {names})", code="invalid_field")
+
+
+def policy_rule_validate(rule: PolicyRule) -> None:
+    """Raise a ValidationError keyed by field for a rule that cannot work."""
+    errors: dict[str, list[ValidationError]] = {}
+    for field, check in (("pattern", lambda: validate_rule_pattern(rule.pattern)),
+                         ("tool", lambda: validate_rule_tool(rule.tool)),
+                         ("field", lambda: validate_rule_field(rule.tool, rule.field))):
+        try:
+            check()
+        except ValidationError as exc:
+            errors.setdefault(field, []).append(exc)
+    if errors:
+        raise ValidationError(errors)
+
+
+def _bump_policy_version() -> None:
+    PolicyVersion.objects.get_or_create(pk=1)
+    PolicyVersion.objects.filter(pk=1).update(version=F("version") + 1, updated_at=timezone.now())
+
+
+def policy_rule_save(rule: PolicyRule) -> PolicyRule:
+    """Create or change a rule; the policy version moves with it or not at all.
+    Raises ValidationError (keyed by field) for a rule that cannot work."""
+    errors: dict[str, list] = {}
+    for check in (rule.full_clean, lambda: policy_rule_validate(rule)):
+        try:
+            check()
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        rule.save()
+        _bump_policy_version()
+    return rule
+
+
+def policy_rule_delete(rule: PolicyRule) -> None:
+    with transaction.atomic():
+        rule.delete()
+        _bump_policy_version()
+
+
+# --- evaluation -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Match:
+    rule: PolicyRule
+    rank: int  # the rule's place in priority order
+    step: Step
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def step_field(step: Step, field: str) -> str | None:
+    """The text a rule on ``field`` searches in ``step``; None when the step
+    has no such field."""
+    params = step.params if isinstance(step.params, dict) else {}
+    if step.tool == "shell":
+        argv = params.get("argv")
+        joined = " ".join(_text(arg) for arg in argv) if isinstance(argv, list) else None
+        script = _text(params["script"]) if "script" in params else None
+        return {Field.ARGV: joined, Field.SCRIPT: script,
+                Field.COMMAND: joined if joined is not None else script}.get(field)
+    if step.tool == "http":
+        if field == Field.METHOD:
+            return _text(params.get("method", "GET")).upper()  # the http tool's default
+        if field == Field.URL and "url" in params:
+            return _text(params["url"])
+        return None
+    if step.tool == "file":
+        if field == Field.OP and "op" in params:
+            return _text(params["op"])
+        if field == Field.PATH:
+            if "path" in params:
+                return _text(params["path"])
+            return "." if params.get("op") == "list" else None  # the file tool's default for list
+    return None
+
+
+def _rule_matches(rule: PolicyRule, pattern: re.Pattern, step: Step) -> bool:
+    if rule.tool not in (ANY_TOOL, step.tool):
+        return False
+    text = step_field(step, rule.field)
+    if text is None:
+        return False
+    return (pattern.search(text) is None) if rule.negate else (pattern.search(text) is not None)
+
+
+def _allowed_hosts() -> frozenset[str]:
+    hosts = getattr(settings, "EXECGO_HTTP_ALLOWED_HOSTS", ())
+    if isinstance(hosts, str) or not all(isinstance(host, str) for host in hosts):
+        raise ImproperlyConfigured(f"EXECGO_HTTP_ALLOWED_HOSTS must be a list of host names, not {hosts!r}")
+    return frozenset(host.strip().lower() for host in hosts if host.strip())
+
+
+def _allow_listed_host(step: Step, allowed: frozenset[str]) -> str | None:
+    if step.tool != "http" or not allowed:
+        return None
+    try:
+        host = urlsplit(step_field(step, Field.URL) or "").hostname
+    except ValueError:
+        return None
+    return host if host in allowed else None
+
+
+def _waived(rule: PolicyRule) -> bool:
+    return rule.field == Field.METHOD and rule.outcome != RiskLevel.DENY
+
+
+def _policy_snapshot() -> tuple[int, list[PolicyRule]]:
+    """The enabled rules and the version they belong to.
+
+    Every rule change bumps the version in its own transaction, so a version
+    read before and after the rules that did not move proves the rules are
+    that version's (read committed gives each query its own snapshot).
+    """
+    for _attempt in range(MAX_SNAPSHOT_ATTEMPTS):
+        version = current_policy_version()
+        rules = list(PolicyRule.objects.filter(enabled=True).order_by("priority", "id"))
+        if current_policy_version() == version:
+            return version, rules
+    raise RuntimeError(f"policy rules changed during {MAX_SNAPSHOT_ATTEMPTS} reads in a row")
+
+
+def _budget_limit(setting: str, default: int) -> float:
+    value = getattr(settings, setting, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ImproperlyConfigured(f"{setting} must be a non-negative number, not {value!r}")
+    return value
+
+
+def _budget_usage(run: Run, steps: list[Step]) -> dict[str, float]:
+    attempts = {step.pk: 1 + step.retries for step in steps}
+    cpu = sum(min(step.timeout_s * attempts[step.pk], run.timeout_s) for step in steps if step.tool == "shell")
+    return {
+        "steps": len(steps),
+        "run_seconds": run.timeout_s,
+        "cpu_seconds": round(cpu, 3),
+        "http_calls": sum(attempts[step.pk] for step in steps if step.tool == "http"),
+    }
+
+
+def _budgets(run: Run, steps: list[Step]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    usage = _budget_usage(run, steps)
+    trace: dict[str, float] = {}
+    exceeded = []
+    for name, setting, default in BUDGETS:
+        limit, used = _budget_limit(setting, default), usage[name]
+        trace.update({f"max_{name}": limit, name: used, f"remaining_{name}": max(limit - used, 0)})
+        if used > limit:
+            exceeded.append({"budget": f"max_{name}", "limit": limit, "used": used})
+    return trace, exceeded
+
+
+def _max_risk(risks: Iterable[str]) -> str:
+    return max(risks, key=RISK_ORDER.__getitem__, default=RiskLevel.LOW)
+
+
 def evaluate_policy(run: Run) -> PolicyDecision:
-    steps = list(run.steps.values_list("step_id", "tool"))
-    return PolicyDecision(
-        risk="low",
-        data={"risk": "low", "matched_rules": [], "steps": [{"id": s, "tool": t, "risk": "low"} for s, t in steps]},
+    version, rules = _policy_snapshot()
+    steps = list(run.steps.order_by("position"))
+    allowed = _allowed_hosts()
+
+    compiled, broken = [], []
+    for rule in rules:
+        # Rules are validated when saved; one that got in some other way
+        # must not quietly widen what runs, so it denies the run.
+        try:
+            pattern = validate_rule_pattern(rule.pattern)
+        except ValidationError:
+            broken.append((rule, f"its pattern {rule.pattern!r} is not a valid regular expression"))
+            continue
+        if rule.outcome not in RISK_ORDER:
+            broken.append((rule, f"its outcome {rule.outcome!r} is not one of {', '.join(RISK_ORDER)}"))
+            continue
+        compiled.append((rule, pattern))
+
+    matches: list[_Match] = []
+    step_rows = []
+    for step in steps:
+        host = _allow_listed_host(step, allowed)
+        reasons, risks = [], []
+        for rank, (rule, pattern) in enumerate(compiled):
+            if not _rule_matches(rule, pattern, step):
+                continue
+            if host is not None and _waived(rule):
+                reasons.append(f"{rule.name} waived: host {host} is in EXECGO_HTTP_ALLOWED_HOSTS")
+                continue
+            matches.append(_Match(rule, rank, step))
+            reasons.append(f"{rule.name}: {rule.reason}")
+            risks.append(rule.outcome)
+        step_rows.append({"id": step.step_id, "tool": step.tool, "risk": _max_risk(risks),
+                          "reasons": reasons or [NO_RULE_MATCHED]})
+
+    matched_rules = [
+        {"rule": match.rule.name, "id": match.rule.pk, "outcome": match.rule.outcome, "reason": match.rule.reason,
+         "step": match.step.step_id}
+        for match in sorted(matches, key=lambda match: (match.rank, match.step.position))
+    ] + [
+        {"rule": rule.name, "id": rule.pk, "outcome": RiskLevel.DENY, "reason": f"broken rule: {problem}",
+         "step": None}
+        for rule, problem in broken
+    ]
+    budget, over_budget = _budgets(run, steps)
+    denying = [entry for entry in matched_rules if entry["outcome"] == RiskLevel.DENY]
+
+    risk = _max_risk(row["risk"] for row in step_rows)
+    if denying or over_budget:
+        risk = RiskLevel.DENY
+    data = {
+        "risk": str(risk),
+        "policy_version": version,
+        "matched_rules": matched_rules,
+        "steps": step_rows,
+        "budget": budget,
+        "rejected_by": "rule" if denying else "budget" if over_budget else None,
+    }
+    error = _denial_envelope(version, denying, over_budget) if risk == RiskLevel.DENY else None
+    return PolicyDecision(risk=str(risk), data=data, error=error)
+
+
+def _denial_envelope(version: int, denying: list[dict], over_budget: list[dict]) -> dict:
+    parts = []
+    if denying:
+        named = ", ".join(f"{entry['rule']} (step {entry['step']})" if entry["step"] else entry["rule"]
+                          for entry in denying)
+        parts.append(f"denied by policy rule{'s' if len(denying) > 1 else ''} {named}")
+    if over_budget:
+        named = ", ".join(f"{entry['budget']} ({_number(entry['used'])} > {_number(entry['limit'])})"
+                          for entry in over_budget)
+        parts.append(f"over the run budget {named}")
+    return error_envelope(
+        ErrorCode.DENIED, "; ".join(parts), source="policy", retryable=False,
+        details={"policy_version": version, "rules": list(dict.fromkeys(entry["rule"] for entry in denying)),
+                 "budgets": over_budget},
     )
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

@@ -76,9 +76,13 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
             code = ErrorCode.TIMEOUT if target == S.TIMEOUT else ErrorCode.INTERNAL
             error = error_envelope(code, f"run stuck in {stuck_in} for {int(age.total_seconds())}s",
                                    source="scheduler", details={"layer": "sweeper", "stuck_in": stuck_in})
+            # An approval that expired is a decision by default (reject), traced as such.
+            kind, data = TraceKind.RUN, {"layer": "sweeper", "stuck_in": stuck_in}
+            if stuck_in == S.AWAITING_HITL:
+                kind, data = TraceKind.HITL_DECISION, {**data, "decision": "reject", "timeout": True}
             run_transition(run, target, caller="zombie sweeper", forced_by=ZOMBIE_SWEEPER, expected=stuck_in,
-                           message=error["message"],
-                           trace=TraceRecord(TraceKind.RUN, {"layer": "sweeper", "stuck_in": stuck_in}, error=error))
+                           message=error["message"], data={"layer": "sweeper"},
+                           trace=TraceRecord(kind, data, error=error))
         closed = run_close(run.pk)
     except (TransitionLost, InvalidTransitionError) as exc:
         logger.info("sweeper gave up on run %s: %s", run.pk, exc)

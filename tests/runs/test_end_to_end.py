@@ -67,7 +67,7 @@ def test_failing_step_ends_closed_failed_with_error_envelope(api, celery_worker)
     boom = steps["boom"]
     assert (boom["status"], boom["run_status"]) == ("failed", "failed")
     assert boom["result"]["error"] == {
-        "code": "external_failure", "message": "command exited with status 3", "retryable": False,
+        "code": "external_failure", "message": "command exited with status 3", "retryable": True,
         "source": "executor", "details": {"exit_code": 3},
     }
     assert "oops" in boom["result"]["details"]["stderr"]
