@@ -106,16 +106,15 @@ def run_cancel(*, run: Run, user: Any) -> Run:
         # waiting out a retry backoff) is settled by this task.
         from runs.tasks import settle_run
 
-        settle_run.delay(run.pk)
+        settle_run.delay_on_commit(run.pk)
     elif run.state == S.AWAITING_HITL:
         from runs.pipeline import run_close
 
         try:
             run_transition(run, S.CANCELLED, caller="api", actor=user, expected=S.AWAITING_HITL)
-        except TransitionLost:
-            pass  # an approval or the expiry moved it first; the stored request still applies
-        else:
             run_close(run.pk)
+        except TransitionLost:
+            pass  # an approval, the expiry or the sweeper moved it first; the stored request still applies
     run.refresh_from_db()
     return run
 
