@@ -172,6 +172,21 @@ def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
             _event(run.pk, step, EventType.TASK_CANCELLED, "cancelled before it started", {"attempt": step.attempt})
 
 
+def fence_unfinished_steps(run: Run, *, reason: str) -> None:
+    """When a run closes with steps still pending or in flight (the sweeper
+    or a timeout closed it under a slow worker), skip the pending ones and
+    end the in-flight attempts here, so that a late result of theirs finds
+    its fence gone and is audited instead of applied."""
+    steps = list(run.steps.exclude(status__in=[StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.SKIPPED]))
+    _skip_pending(run, steps, reason)
+    for step in steps:
+        if step.run_status in IN_FLIGHT and Step.objects.filter(
+            pk=step.pk, attempt=step.attempt, run_status=step.run_status
+        ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now(),
+                 result=_cancelled_result(step, step.attempt, step.started_at or timezone.now(), reason)):
+            _event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
+
+
 def step_execute(step_pk: int, attempt: int) -> Claim | None:
     """Run one claimed attempt of a step to its end; return the next step
     attempt this worker should run itself, if any."""

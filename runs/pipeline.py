@@ -11,7 +11,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from runs.execution import Claim, executing_started, run_settle
+from runs.execution import Claim, executing_started, fence_unfinished_steps, run_settle
 from runs.context import assemble_context
 from runs.errors import ExecGoError
 from runs.memory import memory_write
@@ -119,6 +119,7 @@ def run_close(run_id: int) -> Run | None:
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
     cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
     with transaction.atomic():
+        fence_unfinished_steps(run, reason=f"run closed as {target}")
         run = run_transition(
             run, target, caller="tracer", expected=S.TRACING,
             actor=run.cancel_requested_by if target == S.CLOSED_CANCELLED else None,

@@ -19,8 +19,9 @@ Which failure takes which edge:
 - connection errors, 429 and 5xx are retried with exponential backoff;
   when the retries run out, FAILED with a retryable ``external_failure``;
 - any other HTTP status, or a body that is not a chat completion, or a
-  reply that is not JSON: FAILED at once (``external_failure``). At
-  temperature 0 asking again would get the same answer;
+  reply that is not JSON: FAILED at once with a non-retryable
+  ``external_failure``. At temperature 0 asking again would get the same
+  answer;
 - a reply that is JSON but not a valid plan: FAILED (``invalid_input``);
 - a call that exceeds ``EXECGO_LLM_TIMEOUT_S``: TIMEOUT at once, not
   retried (SPEC §2.1, "planner call exceeded the step timeout"). Not
@@ -256,7 +257,7 @@ def _plan_with_llm(run: Run) -> tuple[list[dict], dict]:
         if not 200 <= answer.status <= 299:
             record["outcome"] = "http_error"
             raise PlanningFailed(_envelope(ErrorCode.EXTERNAL_FAILURE,
-                                           f"planner endpoint answered HTTP {answer.status}",
+                                           f"planner endpoint answered HTTP {answer.status}", retryable=False,
                                            http_status=answer.status), trace_data=trace)
         record["outcome"] = "answered"
         steps = _steps_from_completion(answer.body, trace)
@@ -277,13 +278,13 @@ def _steps_from_completion(body: bytes, trace: dict) -> list[dict]:
             raise TypeError("content is not a string")
     except (ValueError, LookupError, TypeError):
         raise PlanningFailed(_envelope(ErrorCode.EXTERNAL_FAILURE,
-                                       "planner endpoint did not answer with a chat completion"),
+                                       "planner endpoint did not answer with a chat completion", retryable=False),
                              trace_data=trace) from None
     if isinstance(completion.get("usage"), dict):
         trace["usage"] = completion["usage"]
     plan = _json_in(content)
     if plan is _NOT_JSON:
-        raise PlanningFailed(_envelope(ErrorCode.EXTERNAL_FAILURE, "planner reply is not JSON"),
+        raise PlanningFailed(_envelope(ErrorCode.EXTERNAL_FAILURE, "planner reply is not JSON", retryable=False),
                              trace_data=trace)
     try:
         return validate_plan(plan)

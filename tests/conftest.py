@@ -101,7 +101,9 @@ def wait_for_run(run_id: int, *, states=FINAL, timeout: float = 60.0) -> Run:
         if run.state in states:
             return run
         if time.monotonic() > deadline:
-            pytest.fail(f"run {run_id} still {run.state} after {timeout}s")
+            logs = "".join(f"\n--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}"
+                           for log in Path(settings.DATA_DIR).glob("worker-*.log"))
+            pytest.fail(f"run {run_id} still {run.state} after {timeout}s{logs}")
         time.sleep(0.05)
 
 
