@@ -107,6 +107,14 @@ def wait_for_run(run_id: int, *, states=FINAL, timeout: float = 60.0) -> Run:
         time.sleep(0.05)
 
 
+def wait_until(predicate, *, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not reached after {timeout}s")
+        time.sleep(0.05)
+
+
 def _worker_env() -> dict:
     db = connection.settings_dict
     if settings.IS_SQLITE:

@@ -127,9 +127,14 @@ def assert_recovered(run: Run, row: Row) -> None:
         assert (forced.event, forced.from_state, forced.to_state, forced.forced_by) == (
             "state_changed", row.state, row.path[0], ZOMBIE_SWEEPER,
         )
-        run_trace = Trace.objects.get(run=run, kind="run", from_state=row.state, to_state=row.path[0])
-        assert run_trace.data["layer"] == "sweeper"
-        assert run_trace.error["code"] == ("timeout" if row.path[0] == "TIMEOUT" else "internal")
+        # SPEC §2.3's key trace: an expired approval is a HITLDecisionTrace
+        # (timeout, default reject); anything else stuck is a RunTrace.
+        kind = "hitl_decision" if row.state == "AWAITING_HITL" else "run"
+        key_trace = Trace.objects.get(run=run, kind=kind, from_state=row.state, to_state=row.path[0])
+        assert key_trace.data["layer"] == "sweeper"
+        assert key_trace.error["code"] == ("timeout" if row.path[0] == "TIMEOUT" else "internal")
+        if kind == "hitl_decision":
+            assert (key_trace.data["decision"], key_trace.data["timeout"]) == ("reject", True)
     assert Job.objects.get(pk=run.job_id).status == ("done" if row.final == "SUCCEEDED" else "failed")
 
 

@@ -1,0 +1,117 @@
+"""Fixtures for the runtime (data plane) tests: real shims, real processes."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+from django.conf import settings
+
+from runtime import executor, forkserver
+from runtime.capabilities import capability_manifest
+from runtime.plans import resolve_plan
+
+# A Python the sandbox uid can execute (the project's virtualenv may live
+# under /root, which uid 65534 cannot enter).
+SYSTEM_PYTHON = "/usr/bin/python3"
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_fork_server_at_exit():
+    yield
+    forkserver.stop_server(str(settings.EXECGO_TASKS_DIR))
+
+
+@pytest.fixture(scope="session")
+def manifest() -> dict[str, Any]:
+    return capability_manifest()
+
+
+@pytest.fixture
+def handle() -> str:
+    return f"t-{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def marker() -> str:
+    """A number unique to the test, usable in argv (e.g. ``sleep 600.<marker>``)."""
+    return str(uuid.uuid4().int % 10**9).zfill(9)
+
+
+def needs_system_python():
+    return pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"{SYSTEM_PYTHON} missing")
+
+
+def needs_bubblewrap():
+    available = capability_manifest()["bubblewrap"]["available"]
+    return pytest.mark.skipif(not available, reason="the capability probe says bubblewrap is unusable here")
+
+
+def needs_pid_namespace():
+    available = capability_manifest()["pid_namespace"]["available"]
+    return pytest.mark.skipif(not available, reason="the capability probe says PID namespaces are unusable here")
+
+
+def make_plan(profile: str = "process", limits: dict | None = None, *, tree_kill: str | None = None) -> dict:
+    plan = resolve_plan({"profile": profile, "limits": limits or {}}, mode="strict")
+    if tree_kill is not None:
+        plan["tree_kill"] = tree_kill
+    return plan
+
+
+@pytest.fixture
+def run_shell(handle) -> Callable[..., dict]:
+    """Run a shell step to its end -> the envelope (handle: the fixture's)."""
+
+    def run(
+        params: dict,
+        *,
+        timeout_s: float = 30,
+        profile: str = "process",
+        limits: dict | None = None,
+        tree_kill: str | None = None,
+        handle_id: str | None = None,
+        **kwargs: Any,
+    ) -> dict:
+        return executor.execute(
+            handle_id or handle,
+            tool="shell",
+            params=params,
+            timeout_s=timeout_s,
+            attempt=1,
+            plan=make_plan(profile, limits, tree_kill=tree_kill),
+            **kwargs,
+        )
+
+    return run
+
+
+def live_processes(marker: str) -> list[psutil.Process]:
+    """Processes (not zombies) whose command line or environment mentions marker."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
+            continue
+        try:
+            in_cmdline = any(marker in part for part in process.info["cmdline"] or ())
+            in_environ = in_cmdline or any(marker in value for value in process.environ().values())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if in_cmdline or in_environ:
+            found.append(process)
+    return found
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
