@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from execgo import health
+from runs.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -11,4 +12,5 @@ urlpatterns = [
     path("api/v1/", include("runs.api.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
 ]

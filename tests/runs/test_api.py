@@ -184,6 +184,17 @@ def test_openapi_schema_and_docs(api, client):
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
 
 
+def test_metrics_count_runs_by_state(client, make_run):
+    make_run("SUCCEEDED")
+    make_run("SUCCEEDED")
+    make_run("EXECUTING")
+    body = client.get("/metrics").content.decode()
+    assert 'execgo_runs{state="SUCCEEDED"} 2' in body.splitlines()
+    assert 'execgo_runs{state="EXECUTING"} 1' in body.splitlines()
+    assert 'execgo_runs{state="CLOSED_FAILED"} 0' in body.splitlines()
+    assert "execgo_zombie_recovered_total 0" in body.splitlines()
+
+
 def test_health_endpoints(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
