@@ -11,7 +11,7 @@ from django.utils import timezone
 from runs.errors import ConflictError, ErrorCode, ExecGoError
 from runs.models import AuditLog, Run, Trace, TraceKind
 from runs.statemachine import RunState
-from runs.transitions import TraceRecord, TransitionLost, run_transition
+from runs.transitions import TransitionLost, run_transition
 
 S = RunState
 APPROVERS_GROUP = "approvers"

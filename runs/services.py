@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs.errors import ConflictError, ErrorCode, ExecGoError
+from runs.errors import ConflictError, ErrorCode
 from runs.models import AuditLog, Event, EventType, Job, Run, Tenant
 from runs.plans import validate_plan
 from runs.statemachine import RunState

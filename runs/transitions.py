@@ -34,6 +34,10 @@ FINAL_AUDIT_EVENT = {
 }
 
 
+TRANSITION_FIELDS = ["state", "previous_state", "closing_cause", "last_state_change_at", "executing_started_at",
+                     "finished_at"]
+
+
 class InvalidTransitionError(Exception):
     """An attempt to move a run along an edge that is not in the table."""
 
@@ -132,7 +136,9 @@ def run_transition(
                 run.finished_at = now
             run.previous_state = source
             run.last_state_change_at = now
-            run.save()
+            # Only the machine's own columns: a full save would write back a
+            # cancel request stored by another transaction since our read.
+            run.save(update_fields=TRANSITION_FIELDS)
 
             _record(run, source, target, now, caller=caller, actor=actor, forced_by=forced_by,
                     message=message, data=data, trace=trace, audit_event=audit_event)

@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 postgres_only = pytest.mark.skipif(settings.IS_SQLITE, reason="needs PostgreSQL (SQLite serialises writers)")
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    # Users are created in most tests; PBKDF2 would cost ~0.2 s each.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def tenant(db):
     return Tenant.objects.create(name="acme")

@@ -26,17 +26,7 @@ pytestmark = [postgres_only, pytest.mark.django_db(transaction=True, databases=[
 TRIALS = 200
 FINAL_AUDIT_EVENTS = {"run_succeeded", "run_rejected", "run_failed", "run_cancelled"}
 
-CANCEL_ERASED = (
-    "run_transition saves every column of the row it read (runs/transitions.py, run.save()), so an "
-    "approval that read the run before run_cancel stored cancel_requested_at writes the old NULL back: "
-    "the optimistic lock guards only `state`, and the request is lost"
-)
 
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The shared ``agent`` fixture hashes a password for every test.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def race(**contenders) -> dict[str, str]:
@@ -166,7 +156,6 @@ def test_cancel_and_approval_race_has_exactly_one_winner(make_run):
     assert_reconciles()
 
 
-@pytest.mark.xfail(strict=True, reason=CANCEL_ERASED)
 def test_cancel_request_racing_an_approval_is_never_dropped(make_run, agent):
     """Whichever of the user's cancel (the run_cancel service) and the
     approver's decision lands first, the cancel is honoured: directly from
@@ -199,7 +188,6 @@ def test_cancel_request_racing_an_approval_is_never_dropped(make_run, agent):
     assert_reconciles()
 
 
-@pytest.mark.xfail(strict=True, reason=CANCEL_ERASED)
 def test_transition_keeps_a_cancel_request_stored_after_it_read_the_run(make_run, agent):
     """The race above made deterministic: the approval has read the run and
     waits for the row lock while the cancel request is stored and committed."""

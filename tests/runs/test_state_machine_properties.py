@@ -8,7 +8,14 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from runs.errors import ConflictError
 from runs.models import AuditLog, Event, Job, Run, Trace
@@ -80,10 +87,9 @@ class Expected:
     cancels_refused: int = 0
 
     def legal_targets(self) -> set[str]:
-        targets = SPEC_EDGES.get(self.state, set())
         if self.state == "TRACING":
             return {FINAL_FOR_CAUSE[self.cause]}
-        return targets
+        return SPEC_EDGES.get(self.state, set())
 
     def move(self, target: str) -> None:
         assert target in self.legal_targets() or (self.state, target) in {
@@ -291,11 +297,6 @@ class RunLifecycle(RuleBasedStateMachine):
         Run.objects.all().delete()
         Job.objects.all().delete()
 
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The shared ``agent`` fixture hashes a password for every test.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "audit"])

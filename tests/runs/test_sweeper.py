@@ -71,11 +71,6 @@ SPEC_ROWS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The shared ``agent`` fixture hashes a password for every test.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
 
 def threshold_s(state: str) -> int:
     if state == "AWAITING_HITL":

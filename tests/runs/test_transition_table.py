@@ -33,12 +33,6 @@ transactional = pytest.mark.django_db(transaction=True)
 STATES = [state.value for state in RunState]
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The shared ``agent`` fixture hashes a password for every test; PBKDF2
-    # would cost ~0.2 s each across hundreds of parametrized cases.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
 # SPEC §2.1, the whitelist (without the sweeper-only rows).
 SPEC_EDGES = frozenset({
     ("CREATED", "PREPARING"),
