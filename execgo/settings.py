@@ -154,6 +154,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(_BROKER_DIR / "processed"),
         "control_folder": str(_BROKER_DIR / "control"),
         "store_processed": False,
+        # The directory is listed on every poll; kombu's default of 1 s
+        # would add up to a second to every hop of a run.
+        "polling_interval": env_float("EXECGO_BROKER_POLL_S", 0.05),
     }
 else:
     # Longer than the longest task, or Redis redelivers it while it runs.

@@ -2,7 +2,6 @@
 factory for runs in any state, and a real Celery worker process."""
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -156,6 +155,14 @@ class WorkerProcess:
             time.sleep(0.1)
         return self
 
+    def pause(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
@@ -168,22 +175,41 @@ class WorkerProcess:
 
 
 def purge_broker() -> None:
-    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
-        queue = Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"])
-        shutil.rmtree(queue, ignore_errors=True)
-        queue.mkdir(parents=True, exist_ok=True)
-    else:
-        from execgo.celery import app
+    from execgo.celery import app
 
-        app.control.purge()
+    app.control.purge()
+
+
+_session_workers: list[WorkerProcess] = []
 
 
 @pytest.fixture(scope="session")
-def celery_worker(django_db_setup, django_db_blocker):
-    """A session-wide real worker; tests using it need
-    ``django_db(transaction=True)`` so the worker sees their rows."""
+def session_worker(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
         purge_broker()
         worker = WorkerProcess().start()
+    _session_workers.append(worker)
     yield worker
+    _session_workers.remove(worker)
+    worker.resume()
     worker.stop()
+
+
+@pytest.fixture
+def celery_worker(session_worker):
+    """A real worker process (one per test session); tests using it need
+    ``django_db(transaction=True)`` so the worker sees their rows. Tasks
+    that tests without a worker published meanwhile (for runs they drove
+    in-process) are purged first."""
+    purge_broker()
+    session_worker.resume()
+    return session_worker
+
+
+@pytest.fixture(autouse=True)
+def _pause_worker_for_in_process_tests(request):
+    """A test that drives runs in-process must not share them with the
+    session's worker: the worker is stopped (SIGSTOP) for its duration."""
+    if "celery_worker" not in request.fixturenames:
+        for worker in _session_workers:
+            worker.pause()
