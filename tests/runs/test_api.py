@@ -155,6 +155,7 @@ def test_retry_of_a_live_run_is_409(api, make_run, state):
     assert Run.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)  # the refusal is audited outside the request's transaction
 def test_cancel_of_a_final_run_is_409_and_audited(api, make_run):
     run = make_run("SUCCEEDED")
     assert_envelope(api.post(f"/api/v1/runs/{run.pk}/cancel"), 409, "invalid_input")
