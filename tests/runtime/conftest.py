@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -34,8 +35,12 @@ def manifest() -> dict[str, Any]:
 
 
 @pytest.fixture
-def handle() -> str:
-    return f"t-{uuid.uuid4().hex[:16]}"
+def handle() -> Iterator[str]:
+    """A fresh handle id; its task directories (``<id>``, ``<id>-*``) are removed afterwards."""
+    handle_id = f"t-{uuid.uuid4().hex[:16]}"
+    yield handle_id
+    for directory in executor.tasks_dir().glob(f"{handle_id}*"):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,12 +1,12 @@
 """Each resource limit ends the command and is classified as that limit."""
 
 import os
+import threading
 
-import psutil
 import pytest
 
 from runtime import executor
-from tests.runtime.conftest import MIB, SYSTEM_PYTHON, needs_bubblewrap, needs_system_python
+from tests.runtime.conftest import MIB, SYSTEM_PYTHON, live_processes, needs_bubblewrap, needs_system_python
 
 REPEAT = range(20)
 
@@ -99,8 +99,6 @@ def test_limits_are_classified_inside_the_sandbox_too(run_shell, handle, iterati
 @needs_system_python()
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is what a root worker does; others are already non-root")
 def test_fork_bomb_as_sandbox_uid_stays_bounded(run_shell, handle, marker):
-    import threading
-
     limit = 24
     bomb = (
         "import os, time\n"
@@ -115,23 +113,16 @@ def test_fork_bomb_as_sandbox_uid_stays_bounded(run_shell, handle, marker):
 
     def sample():
         while not done.is_set():
-            count = sum(
-                1
-                for p in psutil.process_iter(["uids", "status"])
-                if p.info["uids"] and p.info["uids"].real == 65534 and p.info["status"] != psutil.STATUS_ZOMBIE
-            )
-            peak["count"] = max(peak["count"], count)
+            peak["count"] = max(peak["count"], len(live_processes(marker)))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = run_shell(
-            {"argv": [SYSTEM_PYTHON, "-c", bomb, marker]}, timeout_s=3, limits={"processes": limit}
-        )
+        result = run_shell({"argv": [SYSTEM_PYTHON, "-c", bomb, marker]}, timeout_s=3, limits={"processes": limit})
     finally:
         done.set()
         sampler.join()
     assert result["details"]["plan"]["uid"] == 65534
     assert result["details"]["termination"] == "timeout"
     assert 1 < peak["count"] <= limit
-    assert [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == 65534] == []
+    assert live_processes(marker) == []

@@ -74,10 +74,8 @@ def test_missing_program_is_not_found(run_shell):
 
 def test_progress_lines_reach_the_callback_and_the_file(run_shell, handle):
     seen = []
-    result = run_shell(
-        {"script": "echo '::progress 10 fetching'; echo '::progress 200 bogus'; echo plain; echo '::progress 90 almost'"},
-        on_progress=lambda percent, message: seen.append((percent, message)),
-    )
+    script = "echo '::progress 10 fetching'; echo '::progress 200 bogus'; echo plain; echo '::progress 90 almost'"
+    result = run_shell({"script": script}, on_progress=lambda percent, message: seen.append((percent, message)))
     assert result["status"] == "success"
     assert seen == [(10, "fetching"), (90, "almost")]
     lines = (executor.task_dir(handle) / "progress.jsonl").read_text().splitlines()

@@ -68,7 +68,9 @@ def test_shim_survives_sigkill_of_its_worker(handle, marker, via):
 
 def test_wait_reports_internal_when_the_shim_is_killed(handle, marker):
     plan = make_plan()
-    executor.prepare(handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1, plan=plan)
+    executor.prepare(
+        handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1, plan=plan
+    )
     executor.launch(handle)
     shim_file = executor.task_dir(handle) / "shim.json"
     assert wait_until(lambda: shim_file.exists() and live_processes(marker) != [])
@@ -120,6 +122,17 @@ def test_read_result_is_none_while_running(handle, marker):
     assert executor.shim_alive(handle)
     executor.cancel(handle)
     assert executor.wait(handle)["status"] == "cancelled"
+
+
+def test_a_handle_is_launched_once(handle):
+    from runtime.envelopes import EnvelopeError
+
+    executor.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
+    executor.launch(handle)
+    with pytest.raises(EnvelopeError) as refused:
+        executor.launch(handle)
+    assert refused.value.code == "invalid_input"
+    assert executor.wait(handle)["status"] == "success"
 
 
 def test_prepare_refuses_a_launched_handle(run_shell, handle):

@@ -27,7 +27,9 @@ def test_writes_outside_the_workspace_fail(run_shell, handle):
 def test_the_task_directory_is_out_of_reach(run_shell, handle):
     # Only the workspace is bound: ../ is a throw-away skeleton, not the
     # directory holding request.json, the logs and result.json.
-    result = run_shell({"script": "ls ..; echo forged > ../result.json; echo x > ../escape.txt"}, profile="linux_sandbox")
+    result = run_shell(
+        {"script": "ls ..; echo forged > ../result.json; echo x > ../escape.txt"}, profile="linux_sandbox"
+    )
     assert result["status"] == "success"
     assert result["output"]["stdout"] == "workspace\n"
     assert not (executor.task_dir(handle) / "escape.txt").exists()
@@ -52,7 +54,10 @@ def test_no_network_not_even_host_loopback(run_shell, handle):
         sandboxed = run_shell({"argv": [SYSTEM_PYTHON, "-c", connect]}, profile="linux_sandbox")
         assert sandboxed["status"] == "failed"
         assert "connected" not in sandboxed["output"]["stdout"]
-        assert "ConnectionRefusedError" in sandboxed["details"]["stderr"] or "unreachable" in sandboxed["details"]["stderr"]
+        assert (
+            "ConnectionRefusedError" in sandboxed["details"]["stderr"]
+            or "unreachable" in sandboxed["details"]["stderr"]
+        )
         # The same command under the process profile does reach it: the test can fail.
         plain = run_shell({"argv": [SYSTEM_PYTHON, "-c", connect]}, handle_id=f"{handle}-plain")
         assert plain["output"]["stdout"] == "connected\n"

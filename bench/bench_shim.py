@@ -1,0 +1,95 @@
+"""Per-step overhead of the shim: launch + wait of `true` vs a bare posix_spawn of `true`.
+
+Run: .venv/bin/python bench/bench_shim.py [iterations]
+
+Prints median and p95 wall time per step for
+  - bare:        os.posix_spawn("/bin/true") + waitpid
+  - forkserver:  runtime.executor prepare + launch (fork server) + wait
+  - spawn:       the same with a fresh `python -I -S shim.py` per step
+and the shim overhead (path minus bare). prepare (writing request.json) is
+timed separately: it is part of every step but not of the shim. Uses a
+throw-away data directory unless EXECGO_DATA_DIR is set.
+"""
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+SCRATCH = None
+if "EXECGO_DATA_DIR" not in os.environ:
+    SCRATCH = tempfile.mkdtemp(prefix="execgo-bench-")
+    os.environ["EXECGO_DATA_DIR"] = SCRATCH
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+
+from runtime import executor, forkserver  # noqa: E402
+from runtime.plans import resolve_plan  # noqa: E402
+
+
+def summary(samples_ms):
+    ordered = sorted(samples_ms)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
+def bench_bare(n):
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+        os.waitpid(pid, 0)
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def bench_shim(n, plan, *, use_forkserver):
+    settings.EXECGO_SHIM_FORKSERVER = use_forkserver
+    prepare_ms, step_ms = [], []
+    for _ in range(n):
+        handle = f"bench-{uuid.uuid4().hex[:12]}"
+        start = time.perf_counter()
+        executor.prepare(handle, tool="shell", params={"argv": ["/bin/true"]}, timeout_s=30, attempt=1, plan=plan)
+        prepared = time.perf_counter()
+        executor.launch(handle)
+        result = executor.wait(handle)
+        done = time.perf_counter()
+        if result["status"] != "success":
+            raise SystemExit(f"bench step failed: {result['error']}")
+        prepare_ms.append((prepared - start) * 1000)
+        step_ms.append((done - prepared) * 1000)
+    return prepare_ms, step_ms
+
+
+def main():
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    plan = resolve_plan({"profile": "process"})
+    print(f"iterations={n} tree_kill={plan['tree_kill']} python={executor.shim_python()}")
+    bench_shim(10, plan, use_forkserver=True)  # warm up: start the fork server, fill caches
+    bare_med, bare_p95 = summary(bench_bare(n))
+    print(f"{'bare posix_spawn true':<28} median {bare_med:6.2f} ms   p95 {bare_p95:6.2f} ms")
+    for label, use_forkserver in (("shim via fork server", True), ("shim via python -I -S", False)):
+        prepare_ms, step_ms = bench_shim(n, plan, use_forkserver=use_forkserver)
+        med, p95 = summary(step_ms)
+        prep_med, _ = summary(prepare_ms)
+        print(
+            f"{label:<28} median {med:6.2f} ms   p95 {p95:6.2f} ms   "
+            f"overhead median {med - bare_med:6.2f} ms   p95 {p95 - bare_p95:6.2f} ms   "
+            f"(prepare median {prep_med:.2f} ms)"
+        )
+    forkserver.stop_server(str(settings.EXECGO_TASKS_DIR))
+    if SCRATCH:
+        shutil.rmtree(SCRATCH, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Fork server for shims: the fast way to start one.
+
+A fresh ``python -I -S shim.py`` costs 7-10 ms of interpreter start-up per
+step. This server is that interpreter started once (per tasks directory),
+with the shim and ctypes already imported; for each step it forks a copy
+(well under a millisecond for a ~15 MB process) that runs ``shim.main``,
+as PID 1 of a fresh PID namespace when the plan asks for one.
+
+- It lives in its own session, detached from whichever worker started it,
+  so neither a worker's death nor the server's own death touches running
+  shims (they never had the worker as parent, and a shim does not depend on
+  the server once forked). SIGCHLD is ignored, so finished shims are reaped
+  by the kernel and never linger as zombies.
+- One server per tasks directory: an exclusive flock on ``.shim-server.lock``
+  is held for its lifetime, the Unix socket is created 0600 and peers are
+  checked with SO_PEERCRED, because whoever can talk to it runs commands as
+  its user.
+- It exits after ``idle_s`` without requests, and on the first request made
+  with another code version (shim sources or interpreter changed), so a
+  deploy never keeps running stale shim code.
+
+Clients (``runtime.executor``) call ``spawn_shim``; on any failure they start
+the shim directly instead, so the server is an optimisation, never a
+dependency. Server side: ``python -I -S runtime/forkserver.py <tasks_dir>
+<idle_s>``.
+"""
+
+import _signal
+import fcntl
+import os
+import socket
+import struct
+import sys
+
+SOCKET_NAME = ".shim-server.sock"
+LOCK_NAME = ".shim-server.lock"
+LOG_NAME = ".shim-server.log"
+REPLY_TIMEOUT_S = 2.0
+SOURCES = ("shim.py", "shim_process.py", "forkserver.py")
+
+
+class ForkServerUnavailable(Exception):
+    pass
+
+
+def code_version(python):
+    here = os.path.dirname(os.path.abspath(__file__))
+    stamps = [str(os.stat(os.path.join(here, name)).st_mtime_ns) for name in SOURCES]
+    return "/".join([os.path.realpath(python), *stamps])
+
+
+# --- client -----------------------------------------------------------------------
+
+
+def _request(tasks_dir, line):
+    path = os.path.join(tasks_dir, SOCKET_NAME)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(REPLY_TIMEOUT_S)
+    try:
+        sock.connect(path)
+        sock.sendall(line.encode() + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(256)
+            if not chunk:
+                break
+            reply += chunk
+        return reply.decode().strip()
+    finally:
+        sock.close()
+
+
+def start_server(python, tasks_dir, idle_s):
+    """Start a server (returns once it listens, or once another one holds the lock)."""
+    script = os.path.abspath(__file__)
+    log = os.path.join(tasks_dir, LOG_NAME)
+    pid = os.posix_spawn(
+        python,
+        [python, "-I", "-S", script, tasks_dir, str(idle_s)],
+        {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        setsid=True,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+    )
+    # The server forks once it listens and its first process exits: this
+    # wait is both the readiness signal and the reaping of that process.
+    os.waitpid(pid, 0)
+
+
+def spawn_shim(python, tasks_dir, task_dir, *, pid_namespace, idle_s=600):
+    """Ask the server to fork a shim for task_dir -> (pid, create_time | None).
+
+    With pid_namespace the shim is forked as PID 1 of a new PID namespace.
+    """
+    version = code_version(python)
+    isolate = "pidns" if pid_namespace else "plain"
+    for attempt in range(2):
+        try:
+            reply = _request(tasks_dir, f"run\t{version}\t{isolate}\t{task_dir}")
+        except OSError:
+            reply = ""
+        parts = reply.split("\t")
+        if parts[0] == "ok" and len(parts) == 3:
+            return int(parts[1]), (float(parts[2]) if parts[2] != "-" else None)
+        if attempt == 0:
+            start_server(python, tasks_dir, idle_s)
+    raise ForkServerUnavailable(f"no shim fork server for {tasks_dir}: {reply or 'no answer'}")
+
+
+def server_pid(tasks_dir):
+    """Pid of the server for tasks_dir, or None when none answers."""
+    try:
+        parts = _request(tasks_dir, "ping").split("\t")
+    except OSError:
+        return None
+    return int(parts[1]) if parts[0] == "pong" else None
+
+
+def stop_server(tasks_dir):
+    try:
+        return _request(tasks_dir, "quit") == "bye"
+    except OSError:
+        return False
+
+
+# --- server ------------------------------------------------------------------------
+
+
+def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_fd):
+    if isolate:
+        pid, _isolated = shim.proc.fork_into_new_pid_namespace(own_namespace_fd)
+    else:
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 70
+    try:
+        listener.close()
+        conn.close()
+        os.close(lock_fd)
+        os.close(own_namespace_fd)
+        os.setsid()
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        code = shim.main(task_dir, forked=True)
+    finally:
+        os._exit(code)
+
+
+def serve(tasks_dir, idle_s):
+    lock_fd = os.open(os.path.join(tasks_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another server owns this tasks directory
+    path = os.path.join(tasks_dir, SOCKET_NAME)
+    try:
+        os.unlink(path)  # stale: its owner released the lock
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(128)
+    if os.fork():
+        os._exit(0)  # tells the starter we listen; the child keeps lock and socket
+    os.chdir("/")
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import shim
+
+    shim.proc.load_libc()
+    own_namespace_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    version = code_version(sys.executable)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+    listener.settimeout(idle_s)
+    me = os.geteuid()
+    try:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                break
+            with conn:
+                conn.settimeout(REPLY_TIMEOUT_S)
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                _pid, uid, _gid = struct.unpack("3i", creds)
+                if uid not in (me, 0):
+                    continue
+                try:
+                    line = conn.recv(8192).decode().rstrip("\n")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                command, _, rest = line.partition("\t")
+                if command == "quit":
+                    conn.sendall(b"bye\n")
+                    break
+                if command == "ping":
+                    conn.sendall(f"pong\t{os.getpid()}\t{version}\n".encode())
+                    continue
+                if command != "run":
+                    conn.sendall(b"error\tunknown command\n")
+                    continue
+                client_version, _, rest = rest.partition("\t")
+                isolate, _, task_dir = rest.partition("\t")
+                if client_version != version:
+                    conn.sendall(b"stale\n")
+                    break
+                if not os.path.isfile(os.path.join(task_dir, shim.REQUEST_FILE)):
+                    conn.sendall(b"error\tno request.json\n")
+                    continue
+                try:
+                    pid = _fork_shim(shim, task_dir, isolate == "pidns", own_namespace_fd, listener, conn, lock_fd)
+                except OSError as exc:
+                    conn.sendall(f"error\tfork failed: {exc}\n".encode())
+                    continue
+                try:
+                    created = repr(shim.proc.process_create_time(pid))
+                except (OSError, ValueError, IndexError):
+                    created = "-"
+                conn.sendall(f"ok\t{pid}\t{created}\n".encode())
+    finally:
+        # Unlink before releasing the lock: a successor binds only under the lock.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        listener.close()
+        os.close(lock_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1], float(sys.argv[2])))

@@ -1,0 +1,50 @@
+"""Purge the bulky part of finished steps: workspaces and logs.
+
+The caller (the harness) decides which handles belong to final runs past
+their retention; this module only deletes files. ``request.json``,
+``result.json`` and the small bookkeeping files stay, so a result can still
+be read back after its logs are gone; Run, Trace and AuditLog rows live in
+the database and are never touched here. A handle whose shim is still
+running is skipped, whatever the caller says.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from runtime import shim
+from runtime.envelopes import EnvelopeError
+from runtime.executor import WORKSPACE_DIR, shim_alive, task_dir
+
+PURGED_FILES = (shim.STDOUT_FILE, shim.STDERR_FILE, shim.PROGRESS_FILE, shim.STDIN_FILE, shim.SHIM_ERR_FILE)
+
+
+def _remove(path: Path) -> bool:
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path)  # rmtree never follows symlinks out of the tree
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def purge_task_dirs(handle_ids: Iterable[str]) -> list[str]:
+    """Delete workspaces and logs of the given handles; returns the paths removed."""
+    removed: list[str] = []
+    for handle_id in handle_ids:
+        try:
+            directory = task_dir(handle_id)
+        except EnvelopeError:
+            continue  # not a handle id: never build a path from it
+        if not directory.is_dir() or shim_alive(handle_id):
+            continue
+        for name in (WORKSPACE_DIR, *PURGED_FILES):
+            path = directory / name
+            if os.path.lexists(path) and _remove(path):
+                removed.append(str(path))
+    return removed

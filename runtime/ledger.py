@@ -1,0 +1,181 @@
+"""Resource ledger: reserve before launching, release on every terminal path.
+
+``reserve`` is one compare-and-swap UPDATE whose WHERE clause holds
+``reserved + n <= capacity`` for every counter, so two workers racing for
+the last slot cannot both win, on PostgreSQL or SQLite. ``release`` deletes
+the Reservation row and only the caller whose DELETE removed it gives the
+amounts back, so a duplicate release (retry, recovery, a redelivered task)
+is harmless. ``recover`` rebuilds the counters from the Reservation rows
+when a worker starts, dropping rows for steps that are no longer running.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from runtime.capabilities import capability_manifest, host_name
+from runtime.envelopes import EnvelopeError
+from runtime.models import HostCapacity, Reservation
+
+COUNTERS = ("task_slots", "memory_bytes", "pids")
+
+
+def host_register(
+    host: str | None = None,
+    *,
+    task_slots: int | None = None,
+    memory_bytes: int | None = None,
+    pids: int | None = None,
+    capabilities: dict[str, Any] | None = None,
+) -> HostCapacity:
+    """Create or refresh this host's ledger row (capacities default to the probe and settings)."""
+    host = host or host_name()
+    if capabilities is None:
+        capabilities = capability_manifest()
+    wanted = {
+        "task_slots": task_slots or getattr(settings, "EXECGO_TASK_SLOTS", None) or capabilities["cpu"]["logical"],
+        "memory_bytes": memory_bytes
+        or getattr(settings, "EXECGO_MEMORY_BYTES", None)
+        or capabilities["memory"]["total_bytes"],
+        "pids": pids or getattr(settings, "EXECGO_PIDS_CAPACITY", 4096),
+    }
+    with transaction.atomic():
+        row, _ = HostCapacity.objects.select_for_update().get_or_create(
+            host=host, defaults={f"{name}_capacity": value for name, value in wanted.items()}
+        )
+        for name, value in wanted.items():
+            # Never below what is reserved right now (the CHECK would refuse it).
+            setattr(row, f"{name}_capacity", max(int(value), getattr(row, f"{name}_reserved")))
+        row.capabilities = capabilities
+        row.last_seen = timezone.now()
+        row.save()
+    return row
+
+
+def _amounts(slots: int, memory_bytes: int, pids: int) -> dict[str, int]:
+    amounts = {"task_slots": slots, "memory_bytes": memory_bytes, "pids": pids}
+    for name, value in amounts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise EnvelopeError.of("invalid_input", f"{name} must be a non-negative integer", source="scheduler")
+    return amounts
+
+
+def reserve(
+    host: str, handle_id: str, *, slots: int = 1, memory_bytes: int = 0, pids: int = 0, waited_ms: int = 0
+) -> bool:
+    """Reserve for handle_id if it fits now; True if reserved (or already was)."""
+    amounts = _amounts(slots, memory_bytes, pids)
+    if Reservation.objects.filter(handle_id=handle_id).exists():
+        return True
+    fits = {f"{name}_reserved__lte": F(f"{name}_capacity") - value for name, value in amounts.items()}
+    grow = {f"{name}_reserved": F(f"{name}_reserved") + value for name, value in amounts.items()}
+    try:
+        with transaction.atomic():
+            if HostCapacity.objects.filter(host=host, **fits).update(**grow) == 0:
+                return False
+            Reservation.objects.create(host_id=host, handle_id=handle_id, waited_ms=waited_ms, **amounts)
+    except IntegrityError:
+        # A concurrent reserve for the same handle created the row first;
+        # ours rolled back together with its counter update.
+        return Reservation.objects.filter(handle_id=handle_id).exists()
+    return True
+
+
+def release(handle_id: str) -> bool:
+    """Give back handle_id's reservation; False if there was none (already released)."""
+    row = Reservation.objects.filter(handle_id=handle_id).first()
+    if row is None:
+        return False
+    with transaction.atomic():
+        deleted, _ = Reservation.objects.filter(pk=row.pk).delete()
+        if not deleted:
+            return False  # another release won the DELETE and gave the amounts back
+        HostCapacity.objects.filter(host=row.host_id).update(
+            **{f"{name}_reserved": F(f"{name}_reserved") - getattr(row, name) for name in COUNTERS}
+        )
+    return True
+
+
+def wait_for_reservation(
+    host: str,
+    handle_id: str,
+    *,
+    slots: int = 1,
+    memory_bytes: int = 0,
+    pids: int = 0,
+    timeout_s: float | None = None,
+    poll_interval: float = 0.05,
+) -> float:
+    """Reserve, waiting (not failing) while the host is full; returns the seconds waited.
+
+    Raises invalid_input when the request can never fit this host, and a
+    retryable timeout error when timeout_s passes first.
+    """
+    amounts = _amounts(slots, memory_bytes, pids)
+    capacity = HostCapacity.objects.filter(host=host).first()
+    if capacity is None:
+        raise EnvelopeError.of("not_found", f"host {host} has no ledger row", source="scheduler")
+    too_big = [name for name, value in amounts.items() if value > getattr(capacity, f"{name}_capacity")]
+    if too_big:
+        raise EnvelopeError.of(
+            "invalid_input",
+            f"request exceeds the capacity of host {host}: {', '.join(too_big)}",
+            source="scheduler",
+            details={name: amounts[name] for name in too_big},
+        )
+    start = time.monotonic()
+    delay = min(0.005, poll_interval)
+    while not reserve(host, handle_id, waited_ms=int((time.monotonic() - start) * 1000), **_keywords(amounts)):
+        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+            raise EnvelopeError.of(
+                "timeout",
+                f"no capacity on host {host} within {timeout_s}s",
+                retryable=True,
+                source="scheduler",
+                details={"waited_ms": int((time.monotonic() - start) * 1000)},
+            )
+        time.sleep(delay * random.uniform(0.5, 1.5))  # jitter: waiters do not retry in lockstep
+        delay = min(delay * 2, poll_interval)
+    return time.monotonic() - start
+
+
+def _keywords(amounts: dict[str, int]) -> dict[str, int]:
+    return {"slots": amounts["task_slots"], "memory_bytes": amounts["memory_bytes"], "pids": amounts["pids"]}
+
+
+def recover(host: str | None = None, *, keep: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """Rebuild host counters from Reservation rows (worker start).
+
+    ``keep(handle_id)`` decides which reservations still belong to a running
+    step (e.g. ``runtime.executor.shim_alive``); the others are dropped.
+    """
+    host = host or host_name()
+    dropped: list[str] = []
+    with transaction.atomic():
+        row = HostCapacity.objects.select_for_update().get(host=host)
+        if keep is not None:
+            for handle_id in Reservation.objects.filter(host=row).values_list("handle_id", flat=True):
+                if not keep(handle_id):
+                    dropped.append(handle_id)
+            Reservation.objects.filter(handle_id__in=dropped).delete()
+        sums = Reservation.objects.filter(host=row).aggregate(**{name: Sum(name) for name in COUNTERS})
+        for name in COUNTERS:
+            reserved = sums[name] or 0
+            setattr(row, f"{name}_reserved", reserved)
+            setattr(row, f"{name}_capacity", max(getattr(row, f"{name}_capacity"), reserved))
+        row.last_seen = timezone.now()
+        row.save()
+    return {"host": host, "dropped": dropped, **{f"{name}_reserved": sums[name] or 0 for name in COUNTERS}}
+
+
+def available(host: str) -> dict[str, int]:
+    row = HostCapacity.objects.get(host=host)
+    return {name: getattr(row, f"{name}_capacity") - getattr(row, f"{name}_reserved") for name in COUNTERS}

@@ -1,0 +1,54 @@
+"""The ``linux_sandbox`` profile: the bubblewrap command line that wraps a step.
+
+Read-only view of the host, a private /tmp, the step's workspace bound
+read-write at the same path, every namespace unshared (so no network, not
+even the host's loopback), a new session (no TIOCSTI on the caller's
+terminal), no capabilities, a cleared environment, and death with the
+parent. The uid is dropped by the shim *before* bubblewrap runs, so the
+kernel sees the sandbox uid (RLIMIT_NPROC counts against it and root-owned
+files stay out of reach); ``--uid`` only keeps that id inside the sandbox's
+user namespace.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+
+from django.conf import settings
+
+
+def bwrap_path() -> str | None:
+    configured = getattr(settings, "EXECGO_BWRAP_PATH", None)
+    return configured or shutil.which("bwrap")
+
+
+def bwrap_argv(
+    *,
+    bwrap: str,
+    workspace: str,
+    cwd: str,
+    env: Mapping[str, str],
+    uid: int | None,
+    gid: int | None,
+) -> list[str]:
+    argv = [
+        bwrap,
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+        "--bind", workspace, workspace,
+        "--chdir", cwd,
+        "--unshare-all",
+        "--new-session",
+        "--die-with-parent",
+        "--cap-drop", "ALL",
+        "--clearenv",
+    ]  # fmt: skip
+    for name, value in env.items():
+        argv += ["--setenv", name, value]
+    if uid is not None:
+        argv += ["--uid", str(uid), "--gid", str(gid if gid is not None else uid)]
+    argv.append("--")
+    return argv

@@ -1,0 +1,477 @@
+"""The shim: one small supervisor process per shell step.
+
+Run as ``python -I -S runtime/shim.py <task_dir>``, or forked by
+``runtime/forkserver.py`` (the fast path). It never imports Django: it reads
+``<task_dir>/request.json`` written by ``runtime.executor.prepare`` and
+writes facts only (``shim.json`` at start, ``result.json`` at the end);
+``runtime.executor`` turns those facts into the step result envelope.
+
+Process layout, when the plan says ``tree_kill = "pid_namespace"``::
+
+    shim     PID 1 of a new PID namespace (forked there by the fork server,
+     │       or started under ``unshare --pid --fork --kill-child``)
+     └─ command   PID 2: own session, rlimits, optional uid drop, then exec
+
+The command is never PID 1: PID 1 ignores every signal it has no handler
+for, so SIGXCPU and SIGXFSZ would be lost and the limits misclassified.
+As PID 1 the shim reaps every orphan and kills the whole tree with
+``kill(-1, …)``, which reaches ``setsid`` grandchildren and processes still
+holding the stdout pipe; and whatever is left when the shim exits (or is
+SIGKILLed) is killed by the kernel with the namespace.
+
+Ending: on timeout or cancel (the ``cancel`` file, or SIGTERM to the shim)
+the whole tree gets SIGTERM, then SIGKILL after ``kill_grace_s``. When the
+command exits, its output is drained for up to ``drain_grace_s`` and then
+everything it left behind is SIGKILLed: a step ends with its main process.
+
+Limits are applied in the forked child between fork and exec. That is a
+real ``fork()``, but of this small interpreter (about 10 MB), not of the
+worker; the worker itself starts the shim without ``preexec_fn``.
+
+Start-up is kept cheap: no ``json`` (its import of ``re``/``enum`` costs
+about 7 ms on a 2-core VM), no ``signal`` (imports ``enum``), no ``subprocess``; the
+C modules ``_json`` and ``_signal`` are used instead. ``ctypes`` (about
+3 ms) is loaded only for the process-scan fallback (prctl).
+
+``ru_maxrss`` is the kernel's high-water mark for the command's process,
+which includes its moments as a fork of the shim before exec (about 9 MB).
+"""
+
+import _signal
+import os
+import select
+import sys
+import time
+
+if __package__:
+    from . import shim_process as proc
+else:  # a bare interpreter: python -I -S runtime/shim.py, or the fork server
+    if __name__ == "__main__":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import shim_process as proc
+
+REQUEST_FILE = "request.json"
+RESULT_FILE = "result.json"
+SHIM_FILE = "shim.json"
+CANCEL_FILE = "cancel"
+STDOUT_FILE = "stdout.log"
+STDERR_FILE = "stderr.log"
+PROGRESS_FILE = "progress.jsonl"
+STDIN_FILE = "stdin"
+SHIM_ERR_FILE = "shim.err"
+MARKER_ENV = "EXECGO_HANDLE_ID"
+
+SIG = _signal
+SIGNAL_NAMES = {
+    getattr(_signal, name): name
+    for name in (
+        "SIGHUP SIGINT SIGQUIT SIGILL SIGTRAP SIGABRT SIGBUS SIGFPE SIGKILL SIGUSR1 SIGSEGV "
+        "SIGUSR2 SIGPIPE SIGALRM SIGTERM SIGCHLD SIGCONT SIGSTOP SIGXCPU SIGXFSZ SIGSYS"
+    ).split()
+}
+# Ordinary stderr phrases of an allocation refused by RLIMIT_AS: Python's
+# MemoryError, glibc/strerror(ENOMEM), C++ std::bad_alloc, GNU tools'
+# "memory exhausted", Go's and Rust's allocator panics.
+MEMORY_ERROR_MARKERS = (
+    b"memoryerror",
+    b"cannot allocate memory",
+    b"out of memory",
+    b"std::bad_alloc",
+    b"memory exhausted",
+    b"enomem",
+    b"failed to allocate",
+    b"memory allocation of",
+)
+STDERR_TAIL_BYTES = 4096
+CANCEL_POLL_S = 0.05
+READ_CHUNK = 65536
+
+
+# --- the supervisor --------------------------------------------------------------
+
+
+class Supervisor:
+    def __init__(self, task_dir, req):
+        self.task_dir = task_dir
+        self.req = req
+        self.limits = req.get("limits") or {}
+        self.log_cap = self.limits.get("log_cap_bytes")
+        self.timeout_s = float(req.get("timeout_s") or 0) or None
+        self.kill_grace_s = float(req.get("kill_grace_s", 0.5))
+        self.drain_grace_s = float(req.get("drain_grace_s", 0.2))
+        self.marker = f"{MARKER_ENV}={req.get('handle_id', '')}\0".encode()
+        self.notes = []
+        self.reason = None  # "timeout" | "cancelled"
+        self.signal_flag = False
+        self.main_status = None  # (wait status, rusage) | "lost"
+        self.exec_error = None
+        self.tree_kill = req.get("tree_kill", "process_scan")
+        self.counts = {"stdout": [0, 0], "stderr": [0, 0]}  # written, dropped
+        self.err_tail = b""
+        self.pending = b""
+        self.progress_fd = None
+        self.next_cancel_check = 0.0
+        self.started_at = self.finished_at = time.time()
+
+    def path(self, name):
+        return os.path.join(self.task_dir, name)
+
+    # signals ------------------------------------------------------------
+    def _install_signals(self):
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        _signal.set_wakeup_fd(self.wake_w)
+
+        def on_term(*_):
+            self.signal_flag = True
+
+        for sig in (SIG.SIGTERM, SIG.SIGINT, SIG.SIGHUP):
+            _signal.signal(sig, on_term)
+        _signal.signal(SIG.SIGCHLD, _signal.SIG_DFL)
+
+    def _cancel_requested(self):
+        if self.signal_flag:
+            return True
+        now = time.monotonic()
+        if now < self.next_cancel_check:
+            return False
+        self.next_cancel_check = now + CANCEL_POLL_S
+        return os.path.exists(self.path(CANCEL_FILE))
+
+    # start ----------------------------------------------------------------
+    def run(self):
+        self._install_signals()
+        if self._cancel_requested():
+            self.reason = "cancelled"
+            self.notes.append("cancelled before start")
+            return self.outcome()
+        try:
+            self._start()
+            self._supervise()
+        except BaseException:
+            if hasattr(self, "main_pid") and self.main_status is None:
+                self._signal_tree(SIG.SIGKILL)
+            self._kill_leftovers()
+            raise
+        return self.outcome()
+
+    def _start(self):
+        req = self.req
+        self.logs = {}  # opened on the first byte: a silent command costs no file creation
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        exec_r, exec_w = os.pipe()
+        stdin_fd = os.open(self.path(STDIN_FILE) if req.get("stdin") else os.devnull, os.O_RDONLY)
+        self.pipes = {out_r: "stdout", err_r: "stderr"}
+        self.pidns = os.getpid() == 1
+        if not self.pidns:
+            if self.tree_kill == "pid_namespace":
+                self.notes.append("not started in a PID namespace; killing by process scan")
+            self.tree_kill = "process_scan"
+            try:  # orphaned descendants are reparented to us, where the scan finds them
+                proc.libc_call("prctl", proc.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            except OSError as exc:
+                self.notes.append(f"cannot become a child subreaper ({exc})")
+        # Blocked across fork: a SIGTERM aimed at the command before it has
+        # reset its handlers stays pending instead of running ours in it.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, [SIG.SIGTERM])
+        self.started_at = time.time()
+        self.t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            os.close(out_r)
+            os.close(err_r)
+            proc.exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig=not self.pidns)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [SIG.SIGTERM])
+        self.main_pid = pid
+        self.main_pidfd = os.pidfd_open(pid)
+        for fd in (out_w, err_w, exec_w, stdin_fd):
+            os.close(fd)
+        failure = b""
+        while chunk := os.read(exec_r, 4096):  # EOF at exec (close-on-exec) or exit
+            failure += chunk
+        os.close(exec_r)
+        if failure:
+            code, stage, message = (failure.decode(errors="replace").split("\t", 2) + ["", ""])[:3]
+            self.exec_error = {"errno": int(code or 0), "stage": stage, "message": message}
+
+    # main loop ----------------------------------------------------------------
+    def _supervise(self):
+        poller = select.poll()
+        for fd in list(self.pipes) + [self.wake_r, self.main_pidfd]:
+            poller.register(fd, select.POLLIN)
+        deadline = self.t0 + self.timeout_s if self.timeout_s else None
+        kill_level, kill_at, drain_until, leftovers_killed = 0, None, None, False
+        while self.pipes or self.main_status is None:
+            now = time.monotonic()
+            if self.main_status is None and self.reason is None:
+                if self._cancel_requested():
+                    self.reason = "cancelled"
+                elif deadline is not None and now >= deadline:
+                    self.reason = "timeout"
+                if self.reason:
+                    kill_level, kill_at = 1, now + self.kill_grace_s
+                    self._signal_tree(SIG.SIGTERM)
+            if kill_level == 1 and now >= kill_at and self.main_status is None:
+                kill_level, kill_at = 2, now + 2.0
+                self._signal_tree(SIG.SIGKILL)
+            if kill_level == 2 and now >= kill_at and self.main_status is None:
+                self.notes.append("command did not die after SIGKILL; giving up on its status")
+                self.main_status = "lost"
+            if self.main_status is not None and not leftovers_killed:
+                if drain_until is None:
+                    drain_until = now + self.drain_grace_s
+                if not self.pipes or now >= drain_until:
+                    self._kill_leftovers()
+                    leftovers_killed, drain_until = True, now + 1.0
+            if leftovers_killed and self.pipes and now >= drain_until:
+                self.notes.append("output pipes still open after killing every process; closed")
+                for fd in list(self.pipes):
+                    poller.unregister(fd)
+                    self._close_pipe(fd)
+                break
+            waits = [CANCEL_POLL_S if self.main_status is None else 1.0]
+            for moment in (deadline if kill_level == 0 else None, kill_at, drain_until):
+                if moment is not None:
+                    waits.append(moment - now)
+            timeout_ms = max(0, int(min(waits) * 1000) + 1)
+            for fd, _event in poller.poll(timeout_ms):
+                if fd in self.pipes:
+                    if not self._read_pipe(fd):
+                        poller.unregister(fd)
+                elif fd == self.wake_r:
+                    try:
+                        os.read(self.wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                elif fd == self.main_pidfd:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    self._reap()
+        if not leftovers_killed:
+            self._kill_leftovers()
+
+    def _signal_tree(self, sig):
+        if self.pidns:
+            try:
+                os.kill(-1, sig)  # from PID 1: every process of the namespace but us
+            except ProcessLookupError:
+                pass
+            return
+        targets = proc.scan_descendants(os.getpid(), self.marker)
+        try:
+            os.killpg(self.main_pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _kill_leftovers(self):
+        """SIGKILL and reap everything the command left behind."""
+        if not hasattr(self, "main_pid"):
+            return
+        give_up = time.monotonic() + 2.0
+        while True:
+            if self.pidns:
+                self._signal_tree(SIG.SIGKILL)
+                remaining = self._reap()  # every process of the namespace is our descendant
+            else:
+                targets = proc.scan_descendants(os.getpid(), self.marker)
+                for pid in targets:
+                    try:
+                        os.kill(pid, SIG.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                remaining = self._reap() or bool(targets)
+            if not remaining:
+                return
+            if time.monotonic() > give_up:
+                self.notes.append("processes were still alive 2 s after the final SIGKILL")
+                return
+            time.sleep(0.002)
+
+    def _reap(self):
+        """Reap every finished child; True if there may be children left."""
+        while True:
+            try:
+                pid, status, ru = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            if pid == self.main_pid:
+                self.main_status = (status, proc.rusage_dict(ru))
+
+    def _read_pipe(self, fd):
+        chunk = os.read(fd, READ_CHUNK)
+        if not chunk:
+            self._close_pipe(fd)
+            return False
+        name = self.pipes[fd]
+        written, dropped = self.counts[name]
+        room = len(chunk) if self.log_cap is None else max(0, self.log_cap - written)
+        if name not in self.logs:
+            log_name = STDOUT_FILE if name == "stdout" else STDERR_FILE
+            self.logs[name] = os.open(self.path(log_name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if room:
+            os.write(self.logs[name], chunk[:room])
+        self.counts[name] = [written + min(room, len(chunk)), dropped + max(0, len(chunk) - room)]
+        if name == "stdout":
+            self._scan_progress(chunk)
+        else:
+            self.err_tail = (self.err_tail + chunk)[-STDERR_TAIL_BYTES:]
+        return True
+
+    def _close_pipe(self, fd):
+        os.close(fd)
+        del self.pipes[fd]
+
+    def _scan_progress(self, chunk):
+        data = self.pending + chunk
+        if b"::progress" not in data:
+            self.pending = data[data.rfind(b"\n") + 1 :][-4096:]
+            return
+        lines = data.split(b"\n")
+        self.pending = lines.pop()[-4096:]
+        for line in lines:
+            if not line.startswith(b"::progress "):
+                continue
+            parts = line[len(b"::progress ") :].rstrip(b"\r").split(b" ", 1)
+            try:
+                percent = int(parts[0])
+            except ValueError:
+                continue
+            if not 0 <= percent <= 100:
+                continue
+            message = parts[1].decode(errors="replace") if len(parts) > 1 else ""
+            if self.progress_fd is None:
+                self.progress_fd = os.open(self.path(PROGRESS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            record = {"percent": percent, "message": message[:1000], "at": time.time()}
+            os.write(self.progress_fd, (proc.dumps(record) + "\n").encode())
+
+    # classification --------------------------------------------------------------
+    def outcome(self):
+        self.finished_at = time.time()
+        status = rusage = None
+        if isinstance(self.main_status, tuple):
+            status, rusage = self.main_status
+        exit_code = sig = None
+        if status is not None:
+            if os.WIFEXITED(status):
+                exit_code = os.WEXITSTATUS(status)
+            elif os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+        termination, evidence = classify(
+            reason=self.reason,
+            exec_error=self.exec_error,
+            exit_code=exit_code,
+            sig=sig,
+            rusage=rusage,
+            limits=self.limits,
+            stderr_tail=self.err_tail,
+        )
+        return {
+            "version": 1,
+            "handle_id": self.req.get("handle_id"),
+            "termination": termination,
+            "evidence": evidence,
+            "exit_code": exit_code,
+            "signal": sig,
+            "signal_name": SIGNAL_NAMES.get(sig) if sig else None,
+            "exec_error": self.exec_error,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_ms": int(round((self.finished_at - self.started_at) * 1000)),
+            "stdout_bytes": self.counts["stdout"][0],
+            "stderr_bytes": self.counts["stderr"][0],
+            "stdout_truncated_bytes": self.counts["stdout"][1],
+            "stderr_truncated_bytes": self.counts["stderr"][1],
+            "rusage": rusage,
+            "tree_kill": self.tree_kill,
+            "notes": self.notes,
+            "shim_error": None,
+        }
+
+
+def classify(*, reason, exec_error, exit_code, sig, rusage, limits, stderr_tail):
+    """How the command ended -> (termination, evidence).
+
+    A wrapper (a shell that forked the command, bubblewrap) reports a child
+    killed by signal n as exit code 128+n; that is read back as the signal
+    only for SIGXCPU/SIGXFSZ and only when the matching limit was set.
+    RLIMIT_AS has no signal: an allocation fails and the program exits
+    non-zero (or aborts), so memory_limit is inferred from the stderr tail.
+    """
+    if reason:
+        return reason, f"{reason} requested by the shim"
+    if exec_error:
+        return "exec_failed", f"{exec_error['stage']}: {exec_error['message']}"
+    cpu_used = (rusage["utime_s"] + rusage["stime_s"]) if rusage else 0.0
+    cpu_limit = limits.get("cpu_seconds")
+    inferred = exit_code - 128 if exit_code is not None and exit_code > 128 else None
+    if sig == SIG.SIGXCPU or (inferred == SIG.SIGXCPU and cpu_limit):
+        return "cpu_limit", "SIGXCPU (RLIMIT_CPU soft limit)"
+    if cpu_limit and SIG.SIGKILL in (sig, inferred) and cpu_used >= int(cpu_limit) - 0.05:
+        return "cpu_limit", f"SIGKILL after {cpu_used:.2f}s CPU (RLIMIT_CPU hard limit)"
+    if sig == SIG.SIGXFSZ or (inferred == SIG.SIGXFSZ and limits.get("file_size_bytes")):
+        return "file_size_limit", "SIGXFSZ (RLIMIT_FSIZE)"
+    failed = (exit_code not in (None, 0)) or sig in (SIG.SIGABRT, SIG.SIGSEGV, SIG.SIGBUS)
+    if failed and limits.get("address_space_bytes"):
+        tail = stderr_tail.lower()
+        for marker in MEMORY_ERROR_MARKERS:
+            if marker in tail:
+                return "memory_limit", f"stderr mentions {marker.decode()!r} under RLIMIT_AS"
+    if sig is not None:
+        return "signaled", f"killed by {SIGNAL_NAMES.get(sig, sig)}"
+    return "exited", f"exit code {exit_code}"
+
+
+# --- entry points -------------------------------------------------------------------
+
+
+def main(task_dir, *, forked=False):
+    """Supervise the step in task_dir; always leaves a result.json behind.
+
+    ``forked``: called in a fork of the fork server, whose stdio is not ours;
+    started by ``posix_spawn`` instead, stderr already is ``shim.err``.
+    """
+    task_dir = os.path.abspath(task_dir)
+    if forked:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    pid = int(os.readlink("/proc/self"))  # our pid in the host namespace, even as PID 1
+    # A plain write, not write-then-rename: one file creation fewer per step;
+    # readers treat a partial shim.json as absent and fall back to launch.json.
+    info = {"pid": pid, "create_time": proc.process_create_time(pid), "started_at": time.time()}
+    fd = os.open(os.path.join(task_dir, SHIM_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, proc.dumps(info).encode())
+    os.close(fd)
+    supervisor = None
+    try:
+        req = proc.loads(proc.read_file(os.path.join(task_dir, REQUEST_FILE)).decode())
+        supervisor = Supervisor(task_dir, req)
+        result = supervisor.run()
+    except BaseException as exc:
+        import traceback
+
+        with open(os.path.join(task_dir, SHIM_ERR_FILE), "a") as err:
+            traceback.print_exc(file=err)
+        result = supervisor.outcome() if supervisor else {"version": 1, "termination": None}
+        result["shim_error"] = f"{type(exc).__name__}: {exc}"
+    proc.write_json_atomic(os.path.join(task_dir, RESULT_FILE), result)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] == "--probe":
+        sys.exit(proc.probe())
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: shim.py <task_dir> | --probe\n")
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

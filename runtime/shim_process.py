@@ -1,0 +1,287 @@
+"""Process plumbing for the shim: JSON without the json package, libc calls
+(unshare, setns, prctl), the forked command child (limits, credentials,
+exec), the /proc scan used when there is no PID namespace, and the host
+self-test run by the capability probe.
+
+Imported by ``runtime/shim.py`` in a bare ``python -I -S`` interpreter, so it
+imports only C modules (see the start-up note in shim.py).
+"""
+
+import _json
+import _signal
+import errno
+import os
+import resource
+import sys
+
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+CPU_HARD_GRACE_S = 1
+SIG = _signal
+
+# --- JSON with the C accelerator only ---------------------------------------
+
+
+class _ScanContext:
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float
+
+
+_scan = _json.make_scanner(_ScanContext())
+
+
+def _unserializable(value):
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+_encode = _json.make_encoder(None, _unserializable, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
+
+
+def loads(text):
+    value, end = _scan(text, 0)
+    if text[end:].strip():
+        raise ValueError("trailing data after JSON document")
+    return value
+
+
+def dumps(value):
+    return "".join(_encode(value, 0))
+
+
+def write_json_atomic(path, value):
+    """Readers see the old file or the whole new one, never a partial write."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, dumps(value).encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_file(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def process_create_time(pid):
+    """Seconds since the epoch, computed exactly as psutil does."""
+    stat = read_file(f"/proc/{pid}/stat")
+    start_ticks = int(stat[stat.rfind(b")") + 2 :].split()[19])
+    for line in read_file("/proc/stat").splitlines():
+        if line.startswith(b"btime"):
+            return float(line.split()[1]) + start_ticks / os.sysconf("SC_CLK_TCK")
+    raise OSError("btime missing from /proc/stat")
+
+
+# --- libc (unshare, prctl) ------------------------------------------------------
+
+_libc = None
+_ctypes = None
+
+
+def load_libc():
+    global _libc, _ctypes
+    if _libc is None:
+        import ctypes
+
+        _ctypes = ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def libc_call(name, *args):
+    libc = load_libc()
+    if getattr(libc, name)(*args) != 0:
+        err = _ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def fork_into_new_pid_namespace(own_namespace_fd):
+    """fork() with the child as PID 1 of a new PID namespace -> (pid, isolated).
+
+    unshare(CLONE_NEWPID) only changes where the *next* children go; setns
+    back to our own namespace afterwards so the following fork can get a
+    fresh namespace too. Needs CAP_SYS_ADMIN (root); without it the child is
+    forked in our namespace and isolated is False.
+    """
+    try:
+        libc_call("unshare", CLONE_NEWPID)
+    except OSError:
+        return os.fork(), False
+    try:
+        pid = os.fork()
+    except BaseException:
+        libc_call("setns", own_namespace_fd, CLONE_NEWPID)
+        raise
+    if pid:
+        libc_call("setns", own_namespace_fd, CLONE_NEWPID)
+    return pid, True
+
+
+# --- the forked children -----------------------------------------------------
+
+
+def reset_signals():
+    # Python starts with SIGPIPE and SIGXFSZ ignored, and ignored signals
+    # survive exec: without this a RLIMIT_FSIZE overrun gives EFBIG instead
+    # of the SIGXFSZ that classifies it.
+    for sig in (SIG.SIGPIPE, SIG.SIGXFSZ, SIG.SIGXCPU, SIG.SIGTERM, SIG.SIGINT, SIG.SIGHUP, SIG.SIGUSR1, SIG.SIGCHLD):
+        _signal.signal(sig, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+
+
+def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
+    """Child side: session, fds, limits, credentials, exec. Never returns.
+
+    Runs in a fork of the small shim, never of the worker. RLIMIT_AS is set
+    last: from there on this interpreter may not map new memory.
+    """
+    stage = "setup"
+    try:
+        _signal.set_wakeup_fd(-1)
+        os.setsid()
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        reset_signals()
+        limits = req.get("limits") or {}
+        stage = "rlimit"
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        cpu = limits.get("cpu_seconds")
+        if cpu:
+            resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + CPU_HARD_GRACE_S))
+        for key, rlim in (
+            ("file_size_bytes", resource.RLIMIT_FSIZE),
+            ("open_files", resource.RLIMIT_NOFILE),
+            ("processes", resource.RLIMIT_NPROC),
+        ):
+            if limits.get(key):
+                resource.setrlimit(rlim, (int(limits[key]), int(limits[key])))
+        if req.get("uid") is not None:
+            stage = "setuid"
+            os.setgroups([])
+            os.setgid(int(req["gid"]))
+            os.setuid(int(req["uid"]))
+        if set_pdeathsig:
+            libc_call("prctl", PR_SET_PDEATHSIG, SIG.SIGKILL, 0, 0, 0)
+        stage = "chdir"
+        os.chdir(req["cwd"])
+        argv = list(req.get("sandbox_argv") or []) + list(req["argv"])
+        env = req.get("env") or {}
+        if limits.get("address_space_bytes"):
+            stage = "rlimit"
+            value = int(limits["address_space_bytes"])
+            resource.setrlimit(resource.RLIMIT_AS, (value, value))
+        stage = "exec"
+        os.execvpe(argv[0], argv, env)
+    except BaseException as exc:
+        code = getattr(exc, "errno", None) or 0
+        try:
+            os.write(exec_w, f"{code}\t{stage}\t{exc}".encode(errors="replace"))
+        finally:
+            os._exit(127)
+
+
+def rusage_dict(ru):
+    return {
+        "utime_s": round(ru.ru_utime, 6),
+        "stime_s": round(ru.ru_stime, 6),
+        "maxrss_kb": ru.ru_maxrss,
+        "minflt": ru.ru_minflt,
+        "majflt": ru.ru_majflt,
+        "inblock": ru.ru_inblock,
+        "oublock": ru.ru_oublock,
+        "nvcsw": ru.ru_nvcsw,
+        "nivcsw": ru.ru_nivcsw,
+    }
+
+
+# --- process scan (fallback without a PID namespace) ----------------------------
+
+
+def scan_descendants(root_pid, marker):
+    """Live descendants of root_pid, plus any process carrying the marker."""
+    children, found = {}, set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = read_file(f"/proc/{name}/stat")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X"):
+            continue
+        pid = int(name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        if marker and pid != root_pid:
+            try:
+                if marker in read_file(f"/proc/{name}/environ"):
+                    found.add(pid)
+            except OSError:
+                pass
+    todo = [root_pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+            todo.append(child)
+    found.discard(root_pid)
+    return found
+
+
+def probe():
+    """Check, in this interpreter, the mechanisms the shim relies on; print JSON."""
+    report = {"euid": os.geteuid()}
+    try:
+        load_libc()
+        report["libc"] = True
+    except OSError as exc:
+        report["libc"] = False
+        report["libc_error"] = str(exc)
+    code, error = -1, None
+    if report["libc"]:  # can we fork a child that is PID 1 of its own namespace, twice?
+        own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        try:
+            for _attempt in range(2):
+                pid, isolated = fork_into_new_pid_namespace(own)
+                if pid == 0:
+                    os._exit(0 if os.getpid() == 1 else 3)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                if not isolated:
+                    error, code = "unshare(CLONE_NEWPID) refused (needs CAP_SYS_ADMIN)", -1
+                    break
+        except OSError as exc:
+            error = str(exc)
+        finally:
+            os.close(own)
+    report["pid_namespace"] = {"available": code == 0, "exit_code": code, "error": error}
+    pid = os.fork()
+    if pid == 0:  # does RLIMIT_FSIZE stop a write?
+        try:
+            fd = os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600)
+            _signal.signal(SIG.SIGXFSZ, _signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))
+            try:
+                written = os.write(fd, b"xx")
+            except OSError as exc:
+                os._exit(0 if exc.errno == errno.EFBIG else 4)
+            os._exit(0 if written == 1 else 5)
+        except BaseException:
+            os._exit(6)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    report["rlimits"] = {"enforced": code == 0, "exit_code": code}
+    sys.stdout.write(dumps(report) + "\n")
+    return 0
