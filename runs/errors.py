@@ -4,6 +4,8 @@ from typing import Any
 
 from django.db import models
 
+from runtime.envelopes import error_envelope as runtime_error_envelope
+
 
 class ErrorCode(models.TextChoices):
     UNKNOWN = "unknown"
@@ -30,13 +32,10 @@ DEFAULT_RETRYABLE = {
 
 def error_envelope(code: str, message: str, *, source: str, retryable: bool | None = None,
                    details: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "code": str(code),
-        "message": message,
-        "retryable": DEFAULT_RETRYABLE.get(code, False) if retryable is None else retryable,
-        "source": source,
-        "details": details or {},
-    }
+    return runtime_error_envelope(
+        str(code), message, source=source, details=details,
+        retryable=DEFAULT_RETRYABLE.get(code, False) if retryable is None else retryable,
+    )
 
 
 class ExecGoError(Exception):

@@ -26,7 +26,18 @@ from django.utils import timezone
 from runs.errors import ErrorCode, error_envelope
 from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.statemachine import RunState
-from runs.step_runner import current_host, run_tool
+from runtime.envelopes import EnvelopeError, failed_result
+from runs.step_runner import (
+    DEFAULT_QUEUE,
+    SANDBOX_QUEUE,
+    can_sandbox,
+    current_host,
+    new_handle_id,
+    queue_for,
+    reattach,
+    resolve_step_plan,
+    run_tool,
+)
 from runs.transitions import TraceRecord, run_transition
 
 S = RunState
@@ -39,14 +50,14 @@ MAX_BACKOFF_S = 30.0
 
 @dataclass(frozen=True)
 class Claim:
-    """A step attempt handed to the caller to execute in-process."""
+    """A dispatched step attempt, and the queue of the workers that may run it."""
 
     step_pk: int
     attempt: int
+    queue: str = DEFAULT_QUEUE
 
-
-def handle_for(step: Step, attempt: int) -> str:
-    return f"h-{step.pk}-{attempt}"
+    def runnable_here(self) -> bool:
+        return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
 
 
 def _event(run_id: int, step: Step, type_: str, message: str, data: dict | None = None) -> None:
@@ -58,7 +69,7 @@ def _enqueue(claims: list[Claim], countdown: float = 0) -> None:
     from runs.tasks import execute_step
 
     for claim in claims:
-        execute_step.apply_async((claim.step_pk, claim.attempt), countdown=countdown or None)
+        execute_step.apply_async((claim.step_pk, claim.attempt), queue=claim.queue, countdown=countdown or None)
 
 
 def _deadline(run: Run):
@@ -128,8 +139,9 @@ def run_settle(run_id: int, *, claim_one: bool = False) -> Claim | None:
             ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
                      and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
             claims = _dispatch(run, ready)
-            if claim_one and claims:
-                claim, claims = claims[0], claims[1:]
+            if claim_one:
+                claim = next((c for c in claims if c.runnable_here()), None)
+                claims = [c for c in claims if c is not claim]
             transaction.on_commit(lambda: _enqueue(claims))
     if close:
         from runs.pipeline import run_close
@@ -141,13 +153,13 @@ def run_settle(run_id: int, *, claim_one: bool = False) -> Claim | None:
 def _dispatch(run: Run, ready: list[Step]) -> list[Claim]:
     claims = []
     for step in ready:
-        handle_id = handle_for(step, 1)
+        handle_id = new_handle_id(step, 1)
         if Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="").update(
             run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=handle_id
         ):
             step.handle_id = handle_id
             _event(run.pk, step, EventType.TASK_ACCEPTED, "accepted", {"attempt": 1})
-            claims.append(Claim(step.pk, 1))
+            claims.append(Claim(step.pk, 1, queue_for(step)))
     return claims
 
 
@@ -183,37 +195,74 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
         if step.run_status in IN_FLIGHT and Step.objects.filter(
             pk=step.pk, attempt=step.attempt, run_status=step.run_status
         ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now(),
-                 result=_cancelled_result(step, step.attempt, step.started_at or timezone.now(), reason)):
+                 result=_failed_result(step, step.attempt, step.started_at or timezone.now(),
+                                       error_envelope(ErrorCode.CANCELLED, reason, source="scheduler"))):
             _event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
 
 
 def step_execute(step_pk: int, attempt: int) -> Claim | None:
-    """Run one claimed attempt of a step to its end; return the next step
-    attempt this worker should run itself, if any."""
+    """Run one claimed attempt of a step to its end on this host; return
+    the next step attempt this worker should run itself, if any."""
     with transaction.atomic():
         started = timezone.now()
+        step = Step.objects.select_related("run").filter(pk=step_pk).first()
+        if step is None:
+            return None
+        try:
+            effective_plan, plan_error = resolve_step_plan(step), None
+        except EnvelopeError as exc:  # strict request this host cannot honour: refused before anything runs
+            effective_plan, plan_error = {}, exc.envelope
         claimed = Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.ACCEPTED).update(
             status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, started_at=started, host=current_host(),
+            effective_plan=effective_plan,
         )
         if not claimed:  # a duplicate delivery, or the attempt was cancelled or superseded
             return None
-        step = Step.objects.select_related("run").get(pk=step_pk)
+        step.refresh_from_db()
         run = step.run
-        _event(run.pk, step, EventType.TASK_STARTED, "started", {"attempt": attempt, "host": step.host})
-    if run.state != S.EXECUTING:
-        result = _cancelled_result(step, attempt, started, f"run is {run.state}")
+        _event(run.pk, step, EventType.TASK_STARTED, "started",
+               {"attempt": attempt, "host": step.host, "plan": effective_plan})
+    if plan_error is not None:
+        result = _failed_result(step, attempt, started, plan_error)
+    elif run.state != S.EXECUTING:
+        result = _failed_result(step, attempt, started,
+                                error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
     else:
         remaining = (_deadline(run) - timezone.now()).total_seconds()
         result = run_tool(
             step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001),
             cancel_requested=_cancel_poller(run.pk),
             on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
+            on_wait=lambda: _event(run.pk, step, EventType.TASK_PROGRESSED, "waiting for a free slot on "
+                                   f"{step.host}", {"attempt": attempt, "waiting_for": "resources"}),
         )
+    return step_finish(step, attempt, result)
+
+
+def step_reattach(step_pk: int, attempt: int) -> Claim | None:
+    """After a worker restart: wait for the shim the dead worker started
+    and ingest its result (or the failure of a shim that is gone)."""
+    step = Step.objects.select_related("run").filter(pk=step_pk, attempt=attempt,
+                                                     run_status=StepRunStatus.RUNNING).first()
+    if step is None:
+        return None
+    result = reattach(step, cancel_requested=_cancel_poller(step.run_id),
+                      on_progress=lambda percent, message: _progress(step.run_id, step, attempt, percent, message))
+    AuditLog.objects.create(run_id=step.run_id, tenant_id=step.run.tenant_id, event="step_reattached",
+                            caller="recovery", data={"step": step.step_id, "attempt": attempt,
+                                                     "handle_id": step.handle_id, "status": result["status"]})
+    return step_finish(step, attempt, result)
+
+
+def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
+    """Apply one attempt's result, fenced by the attempt; schedule a retry
+    or settle the run."""
+    run = step.run
     retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
              and attempt <= step.retries and timezone.now() < _deadline(run))
     with transaction.atomic():
         status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
-        fenced = Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
+        fenced = Step.objects.filter(pk=step.pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
             run_status=result["status"], result=result, finished_at=timezone.now(),
             status=StepStatus.RUNNING if retry else status, progress=100 if status == StepStatus.SUCCESS else None,
         )
@@ -229,13 +278,14 @@ def step_execute(step_pk: int, attempt: int) -> Claim | None:
         if retry:
             backoff = min(0.2 * 2 ** (attempt - 1), MAX_BACKOFF_S)
             next_attempt = attempt + 1
-            step.handle_id = handle_for(step, next_attempt)
-            Step.objects.filter(pk=step_pk, attempt=attempt).update(
+            step.handle_id = new_handle_id(step, next_attempt)
+            Step.objects.filter(pk=step.pk, attempt=attempt).update(
                 attempt=next_attempt, run_status=StepRunStatus.ACCEPTED, handle_id=step.handle_id
             )
             _event(run.pk, step, EventType.TASK_RETRIED, f"retrying in {backoff:.1f}s after attempt {attempt}",
                    {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]})
-            transaction.on_commit(lambda: _enqueue([Claim(step_pk, next_attempt)], countdown=backoff))
+            retry_claim = Claim(step.pk, next_attempt, queue_for(step))
+            transaction.on_commit(lambda: _enqueue([retry_claim], countdown=backoff))
             return None
     return run_settle(run.pk, claim_one=True)
 
@@ -265,14 +315,9 @@ def _progress(run_id: int, step: Step, attempt: int, percent: int, message: str)
             _event(run_id, step, EventType.TASK_PROGRESSED, message, {"attempt": attempt, "progress": percent})
 
 
-def _cancelled_result(step: Step, attempt: int, started, reason: str) -> dict:
-    now = timezone.now()
-    return {
-        "status": StepRunStatus.CANCELLED, "handle_id": step.handle_id, "output": {},
-        "started_at": started.isoformat().replace("+00:00", "Z"), "finished_at": now.isoformat().replace("+00:00", "Z"),
-        "duration_ms": 0, "attempt": attempt, "details": {},
-        "error": error_envelope(ErrorCode.CANCELLED, reason, source="scheduler"),
-    }
+def _failed_result(step: Step, attempt: int, started, error: dict) -> dict:
+    """The envelope of an attempt that ended without running."""
+    return failed_result(step.handle_id, error, attempt=attempt, started_at=started, finished_at=timezone.now())
 
 
 def execute_claims(claim: Claim | None) -> None:

@@ -74,7 +74,8 @@ def _plan(run: Run) -> None:
             Run.objects.filter(pk=run.pk).update(plan={"steps": steps})
         created = Step.objects.bulk_create(
             Step(run=run, step_id=step["id"], position=position, tool=step["tool"], params=step["params"],
-                 depends_on=step["depends_on"], timeout_s=step["timeout_s"], retries=step["retries"])
+                 depends_on=step["depends_on"], timeout_s=step["timeout_s"], retries=step["retries"],
+                 requested_plan=step.get("sandbox") or {})
             for position, step in enumerate(steps)
         )
         Event.objects.bulk_create(

@@ -10,10 +10,13 @@ from typing import Any
 
 from django.conf import settings
 
+from runtime.envelopes import EnvelopeError
+from runtime.plans import MODES, PROFILES, normalize_limits
+from runtime.tools import validate_params
 from runs.errors import ErrorCode, ExecGoError
 
 KNOWN_TOOLS = ("shell", "http", "file")
-STEP_KEYS = {"id", "tool", "params", "depends_on", "timeout_s", "retries"}
+STEP_KEYS = {"id", "tool", "params", "depends_on", "timeout_s", "retries", "sandbox"}
 MAX_STEP_ID_LENGTH = 100
 MAX_RETRIES = 10
 
@@ -22,16 +25,27 @@ def _invalid(message: str, **details: Any) -> ExecGoError:
     return ExecGoError(ErrorCode.INVALID_INPUT, message, source="scheduler", details=details)
 
 
-def _validate_shell_params(step_id: str, params: dict) -> None:
-    has_argv, has_script = "argv" in params, "script" in params
-    if has_argv == has_script:
-        raise _invalid(f"step {step_id!r}: shell params need exactly one of 'argv' or 'script'", step=step_id)
-    if has_argv:
-        argv = params["argv"]
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise _invalid(f"step {step_id!r}: 'argv' must be a non-empty list of strings", step=step_id)
-    elif not isinstance(params["script"], str) or not params["script"].strip():
-        raise _invalid(f"step {step_id!r}: 'script' must be a non-empty string", step=step_id)
+def _validate_tool_params(step_id: str, tool: str, params: Any) -> None:
+    try:
+        validate_params(tool, params)
+    except EnvelopeError as exc:
+        raise ExecGoError(exc.code, f"step {step_id!r}: {exc.envelope['message']}", source="scheduler",
+                          details={"step": step_id, **exc.envelope["details"]}) from None
+
+
+def _validate_sandbox(step_id: str, sandbox: Any) -> dict:
+    """Syntax only: whether a host can honour it is decided where the step runs."""
+    if not isinstance(sandbox, dict) or set(sandbox) - {"profile", "mode", "limits"}:
+        raise _invalid(f"step {step_id!r}: sandbox must be an object with profile, mode and limits", step=step_id)
+    if sandbox.get("profile", "process") not in PROFILES:
+        raise _invalid(f"step {step_id!r}: sandbox.profile must be one of {', '.join(PROFILES)}", step=step_id)
+    if sandbox.get("mode", "adaptive") not in MODES:
+        raise _invalid(f"step {step_id!r}: sandbox.mode must be one of {', '.join(MODES)}", step=step_id)
+    try:
+        normalize_limits(sandbox.get("limits"))
+    except EnvelopeError as exc:
+        raise _invalid(f"step {step_id!r}: {exc.envelope['message']}", step=step_id) from None
+    return sandbox
 
 
 def validate_plan(plan: Any) -> list[dict]:
@@ -67,8 +81,8 @@ def validate_plan(plan: Any) -> list[dict]:
         params = raw.get("params", {})
         if not isinstance(params, dict):
             raise _invalid(f"step {step_id!r}: params must be an object", step=step_id)
-        if tool == "shell":
-            _validate_shell_params(step_id, params)
+        _validate_tool_params(step_id, tool, params)
+        sandbox = _validate_sandbox(step_id, raw["sandbox"]) if "sandbox" in raw else {}
         depends_on = raw.get("depends_on", [])
         if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
             raise _invalid(f"step {step_id!r}: depends_on must be a list of step ids", step=step_id)
@@ -79,7 +93,7 @@ def validate_plan(plan: Any) -> list[dict]:
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
             raise _invalid(f"step {step_id!r}: retries must be an integer in [0, {MAX_RETRIES}]", step=step_id)
         normalised[step_id] = {"id": step_id, "tool": tool, "params": params, "depends_on": list(dict.fromkeys(depends_on)),
-                               "timeout_s": float(timeout_s), "retries": retries}
+                               "timeout_s": float(timeout_s), "retries": retries, "sandbox": sandbox}
 
     for step in normalised.values():
         for dependency in step["depends_on"]:

@@ -1,70 +1,100 @@
-"""The seam between the harness and the execution data plane: "execute this
-step attempt, give me its envelope"."""
+"""The seam between the harness and the execution data plane (``runtime``):
+"execute this step attempt on this host, give me its envelope".
 
-import os
-import signal
-import socket
-import subprocess
-import time
+The harness decides which host may run a step (routing by capability) and
+holds a resource-ledger reservation around every launch; ``runtime`` knows
+nothing of runs.
+"""
+
+import secrets
 from collections.abc import Callable
 
-from django.conf import settings
-from django.utils import timezone
-
-from runs.errors import ErrorCode, error_envelope
+from runtime import executor, ledger
+from runtime.capabilities import capability_manifest, host_name
+from runtime.envelopes import EnvelopeError
+from runtime.models import HostCapacity
+from runtime.plans import resolve_plan
 from runs.models import Step
+
+DEFAULT_QUEUE = "celery"
+SANDBOX_QUEUE = "execgo.linux_sandbox"
 
 
 def current_host() -> str:
-    return os.environ.get("EXECGO_HOST_NAME") or socket.gethostname()
+    return host_name()
 
 
-def _iso(moment) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
+def host_queue(host: str) -> str:
+    """The queue only the workers of ``host`` consume (re-attaching shims)."""
+    return f"execgo.host.{host}"
+
+
+def new_handle_id(step: Step, attempt: int) -> str:
+    # Unique across database resets too: a handle names a directory on disk.
+    return f"h-{step.pk}-{attempt}-{secrets.token_hex(3)}"
+
+
+def can_sandbox(manifest: dict | None = None) -> bool:
+    manifest = manifest or capability_manifest()
+    return bool((manifest.get("bubblewrap") or {}).get("available"))
+
+
+def queue_for(step: Step) -> str:
+    """Where a step may run: a strict linux_sandbox step only on a host that
+    has the sandbox; everything else anywhere."""
+    requested = step.requested_plan or {}
+    if requested.get("profile") == "linux_sandbox" and requested.get("mode") == "strict":
+        return SANDBOX_QUEUE
+    return DEFAULT_QUEUE
+
+
+def resolve_step_plan(step: Step) -> dict:
+    """The effective plan on this host; raises EnvelopeError when a strict
+    request cannot be honoured here."""
+    requested = step.requested_plan or {}
+    return resolve_plan({key: requested[key] for key in ("profile", "limits") if key in requested},
+                        mode=requested.get("mode"))
+
+
+def _reserve(host: str, handle_id: str, amounts: dict) -> bool:
+    if ledger.reserve(host, handle_id, **amounts):
+        return True
+    # Workers register their host at start; a process that executes steps
+    # without having started as a worker (a management command, a test)
+    # registers on first use.
+    if not HostCapacity.objects.filter(host=host).exists():
+        ledger.host_register(host)
+        return ledger.reserve(host, handle_id, **amounts)
+    return False
 
 
 def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Callable[[], bool],
-             on_progress: Callable[[int, str], None]) -> dict:
-    params = step.params
-    argv = params["argv"] if "argv" in params else ["/bin/sh", "-c", params["script"]]
-    started = timezone.now()
-    status, error, exit_code = "success", None, None
-    cap = settings.EXECGO_OUTPUT_TAIL_BYTES
-    stdout = stderr = b""
+             on_progress: Callable[[int, str], None], on_wait: Callable[[], None]) -> dict:
+    """Reserve a slot on this host (waiting, not failing, when there is
+    none), execute, release on every ending."""
+    host = current_host()
+    limits = (step.effective_plan or {}).get("limits") or {}
+    amounts = {"slots": 1, "memory_bytes": int(limits.get("address_space_bytes") or 0),
+               "pids": int(limits.get("processes") or 0)}
+    if not _reserve(host, step.handle_id, amounts):
+        on_wait()
+        ledger.wait_for_reservation(host, step.handle_id, **amounts)
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    except OSError as exc:
-        status = "failed"
-        error = error_envelope(ErrorCode.INVALID_INPUT, f"cannot start {argv[0]!r}: {exc.strerror}",
-                               source="executor", details={"argv0": argv[0]})
-    else:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                stdout, stderr = proc.communicate(timeout=0.02)
-                break
-            except subprocess.TimeoutExpired:
-                timed_out = time.monotonic() >= deadline
-                if timed_out or cancel_requested():
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    stdout, stderr = proc.communicate()
-                    status = "failed" if timed_out else "cancelled"
-                    error = (error_envelope(ErrorCode.TIMEOUT, f"step exceeded timeout {int(timeout_s * 1000)}ms",
-                                            source="executor", details={"timeout_ms": int(timeout_s * 1000)})
-                             if timed_out else error_envelope(ErrorCode.CANCELLED, "step cancelled", source="executor"))
-                    break
-        exit_code = proc.returncode
-        if error is None and exit_code != 0:
-            status = "failed"
-            error = error_envelope(ErrorCode.EXTERNAL_FAILURE, f"command exited with status {exit_code}",
-                                   source="executor", details={"exit_code": exit_code})
-    finished = timezone.now()
-    return {
-        "status": status, "handle_id": step.handle_id,
-        "output": {"exit_code": exit_code, "stdout": stdout[-cap:].decode("utf-8", "replace")},
-        "started_at": _iso(started), "finished_at": _iso(finished),
-        "duration_ms": int((finished - started).total_seconds() * 1000), "attempt": attempt,
-        "details": {"exit_code": exit_code, "stderr": stderr[-cap:].decode("utf-8", "replace")},
-        "error": error,
-    }
+        return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
+                                attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
+                                on_progress=on_progress)
+    finally:
+        ledger.release(step.handle_id)
+
+
+def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: Callable[[int, str], None]) -> dict:
+    """Wait for a shim a previous worker started; a shim that is gone
+    without a result yields an ``internal`` error envelope."""
+    try:
+        return executor.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
+    finally:
+        ledger.release(step.handle_id)
+
+
+__all__ = ["EnvelopeError", "can_sandbox", "current_host", "host_queue", "new_handle_id", "queue_for",
+           "reattach", "resolve_step_plan", "run_tool"]

@@ -18,8 +18,8 @@ SEED_RULES = (
     ("shell-no-preserve-root", "shell", "command", r"--no-preserve-root", False, "deny", 11,
      "disables rm's protection of the root filesystem"),
     ("shell-pipe-to-shell", "shell", "command",
-     r"\b(?:curl|wget)\b[^;&\n]*(?<!\|)\|(?!\|)\s*(?:sudo\s+)?(?:\S*/)?(?:(?:ba|da|k|z)?sh|python[0-9.]*|perl|ruby)\b"
-     r"|(?:\b(?:ba|da|k|z)?sh|\bsource|(?:^|\s)\.)\s+<\(\s*(?:curl|wget)\b",
+     (r"\b(?:curl|wget)\b[^;&\n]*(?<!\|)\|(?!\|)\s*(?:sudo\s+)?(?:\S*/)?(?:(?:ba|da|k|z)?sh|python[0-9.]*|perl|ruby)\b"
+      r"|(?:\b(?:ba|da|k|z)?sh|\bsource|(?:^|\s)\.)\s+<\(\s*(?:curl|wget)\b"),
      False, "deny", 12, "runs code downloaded from the network (curl/wget piped into a shell)"),
     ("shell-sudo", "shell", "command", r"\b(?:sudo|doas)\b", False, "deny", 13,
      "privilege escalation (sudo/doas)"),
@@ -28,13 +28,13 @@ SEED_RULES = (
     ("shell-dd-to-device", "shell", "command", r"\bdd\b[^;&|\n]*\bof=/dev/(?!(?:null|zero|stdout|stderr|tty)\b|fd/)",
      False, "deny", 15, "writes raw data to a device"),
     ("shell-redirect-to-system-path", "shell", "command",
-     r"""(?:>>?\s*|\btee\b(?:\s+[^\s;&|]+)*?\s+)["']?/(?:(?:etc|bin|sbin|usr|lib|lib32|lib64|boot|root|sys|proc|var"""
-     r"""|opt|srv)(?=/|["']?(?:$|[\s;&|)]))|dev/(?!(?:null|zero|stdout|stderr|tty)\b|fd/))""",
+     (r"""(?:>>?\s*|\btee\b(?:\s+[^\s;&|]+)*?\s+)["']?/(?:(?:etc|bin|sbin|usr|lib|lib32|lib64|boot|root|sys|proc|var"""
+      r"""|opt|srv)(?=/|["']?(?:$|[\s;&|)]))|dev/(?!(?:null|zero|stdout|stderr|tty)\b|fd/))"""),
      False, "deny", 16, "writes (> or tee) to a system path outside the workspace"),
     # The system path has to be the last argument: the destination.
     ("shell-copy-to-system-path", "shell", "command",
-     r"""\b(?:cp|mv|install|ln|rsync)\b(?:\s+[^\s;&|]+)*\s+["']?/(?:etc|bin|sbin|usr|lib|lib32|lib64|boot|root|sys"""
-     r"""|proc|var|opt|srv)(?:/[^\s;&|"']*)?["']?\s*(?=$|[;&|)])""",
+     (r"""\b(?:cp|mv|install|ln|rsync)\b(?:\s+[^\s;&|]+)*\s+["']?/(?:etc|bin|sbin|usr|lib|lib32|lib64|boot|root|sys"""
+      r"""|proc|var|opt|srv)(?:/[^\s;&|"']*)?["']?\s*(?=$|[;&|)])"""),
      False, "deny", 17, "copies or moves files into a system path outside the workspace"),
     # The file tool refuses these paths too; denying them here stops the run
     # before anything executes, and says why in the PolicyDecisionTrace.
@@ -42,8 +42,8 @@ SEED_RULES = (
      "file paths must stay inside the step's workspace (absolute path or '..')"),
     # --- high: a human approves ---------------------------------------------
     ("shell-package-install", "shell", "command",
-     r"\b(?:apt-get|apt|aptitude|yum|dnf|zypper|brew|pip[0-9.]*|pipx|npm|pnpm|gem|cargo|go)\b(?:\s+-\S+)*\s+install\b"
-     r"|\b(?:yarn|pnpm|apk|poetry|uv)\b(?:\s+-\S+)*\s+add\b|\bnpm\s+(?:i|ci)\b",
+     (r"\b(?:apt-get|apt|aptitude|yum|dnf|zypper|brew|pip[0-9.]*|pipx|npm|pnpm|gem|cargo|go)\b(?:\s+-\S+)*\s+install\b"
+      r"|\b(?:yarn|pnpm|apk|poetry|uv)\b(?:\s+-\S+)*\s+add\b|\bnpm\s+(?:i|ci)\b"),
      False, "high", 30, "installs packages (changes the host, runs third-party install scripts)"),
     ("http-write-unlisted-host", "http", "method", r"^(?:GET|HEAD)$", True, "high", 31,
      "a request that can change remote state (method not GET/HEAD) to a host not in EXECGO_HTTP_ALLOWED_HOSTS"),

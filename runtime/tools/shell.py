@@ -164,8 +164,13 @@ def _error_for(outcome: dict[str, Any], request: dict[str, Any]) -> dict[str, An
         return error_envelope(
             "external_failure", f"the command was killed by {outcome.get('signal_name')}", details=evidence
         )
+    # A command that exits non-zero may succeed on another try (a flaky
+    # network, a lock); the step's own ``retries`` decides whether it gets one.
     return error_envelope(
-        "external_failure", f"the command exited with code {outcome.get('exit_code')}", details=evidence
+        "external_failure",
+        f"the command exited with code {outcome.get('exit_code')}",
+        retryable=True,
+        details={**evidence, "exit_code": outcome.get("exit_code")},
     )
 
 

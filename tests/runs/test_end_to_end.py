@@ -67,8 +67,8 @@ def test_failing_step_ends_closed_failed_with_error_envelope(api, celery_worker)
     boom = steps["boom"]
     assert (boom["status"], boom["run_status"]) == ("failed", "failed")
     assert boom["result"]["error"] == {
-        "code": "external_failure", "message": "command exited with status 3", "retryable": True,
-        "source": "executor", "details": {"exit_code": 3},
+        "code": "external_failure", "message": "the command exited with code 3", "retryable": True,
+        "source": "executor", "details": {"termination": "exited", "evidence": "exit code 3", "exit_code": 3},
     }
     assert "oops" in boom["result"]["details"]["stderr"]
     assert Job.objects.get(pk=run.job_id).status == "failed"

@@ -56,7 +56,8 @@ def test_non_zero_exit_is_failed_external_failure(run_shell):
     assert result["status"] == "failed"
     assert result["output"]["exit_code"] == 7
     assert result["error"]["code"] == "external_failure"
-    assert result["error"]["retryable"] is False
+    assert result["error"]["retryable"] is True  # the step's own ``retries`` decides
+    assert result["error"]["details"]["exit_code"] == 7
 
 
 def test_killed_by_signal_is_signaled(run_shell):
