@@ -133,10 +133,12 @@ def _worker_env() -> dict:
 class WorkerProcess:
     """A real ``celery worker`` process against the test database."""
 
-    def __init__(self, *, hostname: str = "w1", concurrency: int = 2, queues: str = "celery"):
+    def __init__(self, *, hostname: str = "w1", concurrency: int = 2, queues: str = "celery",
+                 env: dict | None = None):
         self.hostname = hostname
         self.concurrency = concurrency
         self.queues = queues
+        self.env = env or {}
         self.proc: subprocess.Popen | None = None
         self.log_path = Path(settings.DATA_DIR) / f"worker-{hostname}.log"
 
@@ -146,7 +148,7 @@ class WorkerProcess:
             [sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork",
              "-c", str(self.concurrency), "-n", f"{self.hostname}@%h", "-Q", self.queues,
              "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"],
-            cwd=ROOT, env=_worker_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT, env={**_worker_env(), **self.env}, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 60
         while b"ready." not in self.log_path.read_bytes():
