@@ -7,7 +7,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 REDIS_BROKER ?= redis://127.0.0.1:6379/14
 REDIS_LAYER ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test test-sqlite test-postgres lint-imports bench migrate clean
+.PHONY: run test test-sqlite test-postgres lint bench migrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ run: migrate
 	$(BIN)/honcho start
 
 ## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis.
-test: test-sqlite test-postgres lint-imports
+test: lint test-sqlite test-postgres
 
 test-sqlite: $(STAMP)
 	EXECGO_DATA_DIR=$(CURDIR)/var/test-sqlite $(BIN)/pytest -q
@@ -33,8 +33,11 @@ test-postgres: $(STAMP)
 	EXECGO_DATA_DIR=$(CURDIR)/var/test-postgres DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(REDIS_BROKER) \
 	REDIS_URL=$(REDIS_LAYER) $(BIN)/pytest -q
 
-lint-imports: $(STAMP)
+## Layer contract (runtime never imports runs/approvals), pending migrations, pyflakes-level errors.
+lint: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/ruff check --select F,E9 execgo runs approvals runtime tests bench
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_run_latency.py

@@ -176,6 +176,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "runs.tasks.sweep_zombie_runs",
         "schedule": float(env_int("EXECGO_SWEEP_INTERVAL_S", 30)),
     },
+    "purge-expired-run-artifacts": {
+        "task": "runs.tasks.purge_expired_run_artifacts",
+        "schedule": float(env_int("EXECGO_GC_INTERVAL_S", 3600)),
+    },
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
@@ -197,6 +201,8 @@ EXECGO_STEP_TIMEOUT_S = env_float("EXECGO_STEP_TIMEOUT_S", 60.0)
 EXECGO_MAX_PLAN_STEPS = env_int("EXECGO_MAX_PLAN_STEPS", 200)
 EXECGO_OUTPUT_TAIL_BYTES = env_int("EXECGO_OUTPUT_TAIL_BYTES", 64 * 1024)
 EXECGO_TASKS_DIR = DATA_DIR / "tasks"
+# Workspaces and logs of final runs are purged this long after they ended.
+EXECGO_TASK_RETENTION_S = env_int("EXECGO_TASK_RETENTION_S", 7 * 24 * 3600)
 # The llm planner: an OpenAI-compatible chat-completions endpoint.
 EXECGO_LLM_URL = env_str("EXECGO_LLM_URL", "")
 EXECGO_LLM_MODEL = env_str("EXECGO_LLM_MODEL", "")

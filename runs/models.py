@@ -103,6 +103,8 @@ class Run(ConcurrentTransitionMixin, models.Model):
     last_state_change_at = models.DateTimeField()
     executing_started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When the retention GC removed the run's workspaces and logs (rows stay).
+    artifacts_purged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -118,7 +120,7 @@ class Run(ConcurrentTransitionMixin, models.Model):
             # been in their state. Final runs (the vast majority) stay out.
             models.Index(
                 fields=["state", "last_state_change_at"],
-                condition=~Q(state__in=[s.value for s in FINAL]),
+                condition=~Q(state__in=sorted(FINAL)),  # sorted: a stable migration
                 name="run_nonfinal_state_age",
             ),
             models.Index(fields=["tenant", "-id"], name="run_tenant_newest"),

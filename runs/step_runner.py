@@ -9,9 +9,8 @@ nothing of runs.
 import secrets
 from collections.abc import Callable
 
-from runtime import executor, ledger
+from runtime import executor, ledger, shim
 from runtime.capabilities import capability_manifest, host_name
-from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity
 from runtime.plans import resolve_plan
 from runs.models import Step
@@ -87,6 +86,17 @@ def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Ca
         ledger.release(step.handle_id)
 
 
+LOG_STREAMS = {"stdout": shim.STDOUT_FILE, "stderr": shim.STDERR_FILE}
+
+
+def step_log_path(step: Step, stream: str):
+    """The log file of the step's latest attempt, or None once it is gone."""
+    if stream not in LOG_STREAMS or not step.handle_id:
+        return None
+    path = executor.task_dir(step.handle_id) / LOG_STREAMS[stream]
+    return path if path.is_file() else None
+
+
 def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: Callable[[int, str], None]) -> dict:
     """Wait for a shim a previous worker started; a shim that is gone
     without a result yields an ``internal`` error envelope."""
@@ -95,6 +105,3 @@ def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: C
     finally:
         ledger.release(step.handle_id)
 
-
-__all__ = ["EnvelopeError", "can_sandbox", "current_host", "host_queue", "new_handle_id", "queue_for",
-           "reattach", "resolve_step_plan", "run_tool"]

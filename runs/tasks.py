@@ -53,3 +53,10 @@ def _recover_host(sender, **kwargs):
     from runs.recovery import host_recover
 
     host_recover()
+
+
+@shared_task(ignore_result=True)
+def purge_expired_run_artifacts() -> None:
+    from runs.retention import purge_expired_artifacts
+
+    purge_expired_artifacts()

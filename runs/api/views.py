@@ -2,10 +2,11 @@
 
 import time
 
+from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -20,6 +21,7 @@ from runs.api.serializers import (
 from runs.models import Run
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
+from runs.step_runner import step_log_path
 from runs.statemachine import RunState
 
 LONG_POLL_MAX_S = 30.0
@@ -116,6 +118,22 @@ class RunEventsView(APIView):
             "events": EventSerializer(events, many=True).data,
             "last_event_id": events[-1].pk if events else after,
         })
+
+
+class StepLogView(APIView):
+    """The full stdout/stderr of a step's latest attempt, while the retention
+    GC has not removed it (the result envelope keeps a capped tail forever)."""
+
+    @extend_schema(responses={(200, "text/plain"): bytes})
+    def get(self, request, run_id: int, step_id: str, stream: str):
+        run = _user_run(request, run_id)
+        step = get_object_or_404(run.steps.all(), step_id=step_id)
+        path = step_log_path(step, stream)
+        if path is None:
+            raise NotFound(f"no {stream} log for step {step_id!r} (never started, not a shell step, or purged)")
+        response = FileResponse(open(path, "rb"), content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="{step.handle_id}-{stream}.log"'
+        return response
 
 
 class JobDetailView(APIView):

@@ -52,10 +52,6 @@ class Migration(migrations.Migration):
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],
         ),
-        migrations.RemoveIndex(
-            model_name='run',
-            name='run_nonfinal_state_age',
-        ),
         migrations.AddField(
             model_name='run',
             name='goal',
@@ -90,10 +86,6 @@ class Migration(migrations.Migration):
             model_name='run',
             name='plan',
             field=models.JSONField(blank=True, default=dict),
-        ),
-        migrations.AddIndex(
-            model_name='run',
-            index=models.Index(condition=models.Q(('state__in', ['SUCCEEDED', 'CLOSED_REJECTED', 'CLOSED_FAILED', 'CLOSED_CANCELLED']), _negated=True), fields=['state', 'last_state_change_at'], name='run_nonfinal_state_age'),
         ),
         migrations.AddField(
             model_name='memoryentry',
