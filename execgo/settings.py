@@ -203,6 +203,15 @@ EXECGO_OUTPUT_TAIL_BYTES = env_int("EXECGO_OUTPUT_TAIL_BYTES", 64 * 1024)
 EXECGO_TASKS_DIR = DATA_DIR / "tasks"
 # Workspaces and logs of final runs are purged this long after they ended.
 EXECGO_TASK_RETENTION_S = env_int("EXECGO_TASK_RETENTION_S", 7 * 24 * 3600)
+# Policy gate: run budgets (exceeding one rejects the run) and the hosts an
+# http step may write to without an approval.
+EXECGO_BUDGET_MAX_STEPS = env_int("EXECGO_BUDGET_MAX_STEPS", 100)
+EXECGO_BUDGET_MAX_RUN_SECONDS = env_int("EXECGO_BUDGET_MAX_RUN_SECONDS", 3600)
+EXECGO_BUDGET_MAX_CPU_SECONDS = env_int("EXECGO_BUDGET_MAX_CPU_SECONDS", 600)
+EXECGO_BUDGET_MAX_HTTP_CALLS = env_int("EXECGO_BUDGET_MAX_HTTP_CALLS", 50)
+EXECGO_BUDGET_MAX_COMMAND_CHARS = env_int("EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192)
+EXECGO_HTTP_ALLOWED_HOSTS = env_list("EXECGO_HTTP_ALLOWED_HOSTS", [])
+
 # The llm planner: an OpenAI-compatible chat-completions endpoint.
 EXECGO_LLM_URL = env_str("EXECGO_LLM_URL", "")
 EXECGO_LLM_MODEL = env_str("EXECGO_LLM_MODEL", "")

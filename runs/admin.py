@@ -15,7 +15,19 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from runs.errors import ExecGoError
-from runs.models import AuditLog, Event, Job, Membership, PolicyRule, PolicyVersion, Run, Step, Tenant, Trace
+from runs.models import (
+    AuditLog,
+    Event,
+    Job,
+    Membership,
+    MemoryEntry,
+    PolicyRule,
+    PolicyVersion,
+    Run,
+    Step,
+    Tenant,
+    Trace,
+)
 from runs.plans import KNOWN_TOOLS
 from runs.policy import (
     ANY_TOOL,
@@ -228,6 +240,24 @@ class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ("run__id__exact", "task_id", "handle_id", "message")
     list_filter = ("type", "run__tenant", "timestamp")
     show_full_result_count = False
+
+
+@admin.register(MemoryEntry)
+class MemoryEntryAdmin(admin.ModelAdmin):
+    """Written only by the tracer of a SUCCEEDED run; an operator may delete
+    an entry (it is then never recalled again), never edit one."""
+
+    list_display = ("id", "tenant", "agent", "run", "summary", "created_at")
+    list_select_related = ("tenant", "agent", "run")
+    search_fields = ("summary", "agent__username", "run__id__exact")
+    list_filter = ("tenant", "created_at")
+    readonly_fields = ("tenant", "agent", "run", "summary", "data", "created_at")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 # --- policy -------------------------------------------------------------------

@@ -19,12 +19,21 @@ Budgets (settings, with defaults):
 - ``EXECGO_BUDGET_MAX_STEPS`` (100): steps in the plan;
 - ``EXECGO_BUDGET_MAX_RUN_SECONDS`` (3600): the run's own timeout;
 - ``EXECGO_BUDGET_MAX_CPU_SECONDS`` (600): an upper bound on the CPU the shell
-  steps can use — per step its timeout times its attempts, capped by the run
-  timeout (the harness stops every step at the run's deadline);
-- ``EXECGO_BUDGET_MAX_HTTP_CALLS`` (50): http requests, counting retries.
+  steps can use. Per step: its declared ``cpu_seconds`` limit (enforced by
+  RLIMIT_CPU) or else its timeout, times its attempts, capped by the run
+  timeout. For the run: the sum over steps, but never more than the run
+  timeout times the plan's width (steps at one dependency depth can run at
+  once; the harness stops everything at the run's deadline) — so a long
+  sequential plan is not charged 40 timeouts it can never use;
+- ``EXECGO_BUDGET_MAX_HTTP_CALLS`` (50): http requests, counting retries;
+- ``EXECGO_BUDGET_MAX_COMMAND_CHARS`` (8192): the longest text a rule is
+  matched against (command, URL, path). Regular expressions can take time
+  superlinear in their input, so a step over it is not rated at all and the
+  run is rejected instead.
 """
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +63,7 @@ BUDGETS = (
     ("run_seconds", "EXECGO_BUDGET_MAX_RUN_SECONDS", 3600),
     ("cpu_seconds", "EXECGO_BUDGET_MAX_CPU_SECONDS", 600),
     ("http_calls", "EXECGO_BUDGET_MAX_HTTP_CALLS", 50),
+    ("command_chars", "EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192),
 )
 NO_RULE_MATCHED = "no rule matched (default low)"
 MAX_SNAPSHOT_ATTEMPTS = 5
@@ -232,14 +242,37 @@ def _budget_limit(setting: str, default: int) -> float:
     return value
 
 
+def _plan_width(steps: list[Step]) -> int:
+    """The most steps at one dependency depth (depth = longest path from a root)."""
+    depth: dict[str, int] = {}
+    for step in steps:  # stored in dependency order
+        depth[step.step_id] = 1 + max((depth[dep] for dep in step.depends_on if dep in depth), default=-1)
+    return max(Counter(depth.values()).values(), default=0)
+
+
+def _step_cpu_bound(step: Step, run: Run) -> float:
+    declared = ((step.requested_plan or {}).get("limits") or {}).get("cpu_seconds")
+    per_attempt = declared if declared else step.timeout_s
+    return min(per_attempt * (1 + step.retries), run.timeout_s)
+
+
+RATED_FIELDS = ("command", "url", "path")
+
+
+def _longest_text(step: Step) -> int:
+    return max((len(step_field(step, field) or "") for field in RATED_FIELDS), default=0)
+
+
 def _budget_usage(run: Run, steps: list[Step]) -> dict[str, float]:
     attempts = {step.pk: 1 + step.retries for step in steps}
-    cpu = sum(min(step.timeout_s * attempts[step.pk], run.timeout_s) for step in steps if step.tool == "shell")
+    shell_steps = [step for step in steps if step.tool == "shell"]
+    cpu = min(sum(_step_cpu_bound(step, run) for step in shell_steps), run.timeout_s * _plan_width(shell_steps))
     return {
         "steps": len(steps),
         "run_seconds": run.timeout_s,
         "cpu_seconds": round(cpu, 3),
         "http_calls": sum(attempts[step.pk] for step in steps if step.tool == "http"),
+        "command_chars": max((_longest_text(step) for step in steps), default=0),
     }
 
 
@@ -278,9 +311,14 @@ def evaluate_policy(run: Run) -> PolicyDecision:
             continue
         compiled.append((rule, pattern))
 
+    max_chars = _budget_limit("EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192)
     matches: list[_Match] = []
     step_rows = []
     for step in steps:
+        if _longest_text(step) > max_chars:
+            step_rows.append({"id": step.step_id, "tool": step.tool, "risk": RiskLevel.DENY,
+                              "reasons": [f"not rated: longer than max_command_chars ({max_chars})"]})
+            continue
         host = _allow_listed_host(step, allowed)
         reasons, risks = [], []
         for rank, (rule, pattern) in enumerate(compiled):

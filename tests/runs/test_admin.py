@@ -12,10 +12,25 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from runs.models import AuditLog, Event, EventType, Job, Membership, Run, Step, Tenant, Trace, TraceKind
+from runs.models import (
+    AuditLog,
+    Event,
+    EventType,
+    Job,
+    Membership,
+    MemoryEntry,
+    PolicyRule,
+    PolicyVersion,
+    Run,
+    Step,
+    Tenant,
+    Trace,
+    TraceKind,
+)
 from tests.conftest import make_user
 
-RUNS_MODELS = {"tenant", "membership", "job", "run", "step", "trace", "auditlog", "event"}
+RUNS_MODELS = {"tenant", "membership", "job", "run", "step", "trace", "auditlog", "event", "memoryentry",
+               "policyrule", "policyversion"}
 
 
 def changelist(model_name: str) -> str:
@@ -70,6 +85,11 @@ def one_of_each(run: Run) -> dict:
         "trace": run.traces.get(),
         "auditlog": run.audit_entries.get(),
         "event": run.events.get(),
+        "memoryentry": MemoryEntry.objects.create(tenant=run.tenant, agent=run.submitted_by, run=run,
+                                                  summary="nightly backup: 1 step(s) succeeded"),
+        "policyrule": PolicyRule.objects.create(name="no-sudo", tool="shell", field="command", pattern=r"\bsudo\b",
+                                                outcome="deny", reason="privilege escalation"),
+        "policyversion": PolicyVersion.objects.get_or_create(pk=1)[0],
     }
 
 
