@@ -1,6 +1,7 @@
 """Shared fixtures: tenants and users, an API client with a real token, a
 factory for runs in any state, and a real Celery worker process."""
 
+import importlib
 import os
 import signal
 import subprocess
@@ -28,6 +29,16 @@ postgres_only = pytest.mark.skipif(settings.IS_SQLITE, reason="needs PostgreSQL 
 def fast_password_hashing(settings):
     # Users are created in most tests; PBKDF2 would cost ~0.2 s each.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def seeded_policy(db):
+    """The default policy as the migration writes it. Transactional tests
+    flush the database after themselves, seeded rows included, so tests put
+    it back with the migration's own function (a no-op when present)."""
+    from django.apps import apps
+
+    importlib.import_module("runs.migrations.0003_seed_policy").seed_policy(apps, None)
 
 
 @pytest.fixture

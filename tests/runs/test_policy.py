@@ -19,14 +19,6 @@ seed_migration = importlib.import_module("runs.migrations.0003_seed_policy")
 SEEDED = {rule[0]: rule for rule in seed_migration.SEED_RULES}
 
 
-@pytest.fixture
-def seeded_policy():
-    """The default policy as the migration writes it. Transactional tests
-    flush the database after themselves, seeded rows included, so tests put
-    it back with the migration's own function (a no-op when present)."""
-    seed_migration.seed_policy(apps, None)
-
-
 def shell(command: str | list[str], **extra) -> dict:
     params = {"argv": command} if isinstance(command, list) else {"script": command}
     return {"tool": "shell", "params": params, **extra}
