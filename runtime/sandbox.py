@@ -1,7 +1,7 @@
 """The ``linux_sandbox`` profile: the bubblewrap command line that wraps a step.
 
-Read-only view of the host, a private /tmp, the step's workspace bound
-read-write at the same path, every namespace unshared (so no network, not
+Read-only view of the host, a private /tmp, the data directory hidden
+under an empty tmpfs, the step's workspace bound read-write at the same path, every namespace unshared (so no network, not
 even the host's loopback), a new session (no TIOCSTI on the caller's
 terminal), no capabilities, a cleared environment, and death with the
 parent. The uid is dropped by the shim *before* bubblewrap runs, so the
@@ -23,6 +23,15 @@ def bwrap_path() -> str | None:
     return configured or shutil.which("bwrap")
 
 
+def hidden_paths() -> list[str]:
+    """Host paths a sandboxed step must not even read: the data directory
+    holds the embedded database and every other step's files (other
+    tenants' included), so it is covered by an empty tmpfs before the
+    step's own workspace is bound back in."""
+    paths = {str(settings.DATA_DIR), str(settings.EXECGO_TASKS_DIR)}
+    return sorted(paths)  # a parent before its children
+
+
 def bwrap_argv(
     *,
     bwrap: str,
@@ -38,6 +47,7 @@ def bwrap_argv(
         "--dev", "/dev",
         "--proc", "/proc",
         "--tmpfs", "/tmp",
+        *[arg for path in hidden_paths() for arg in ("--tmpfs", path)],
         "--bind", workspace, workspace,
         "--chdir", cwd,
         "--unshare-all",

@@ -6,6 +6,7 @@ import threading
 import uuid
 
 import pytest
+from django.conf import settings
 
 from runtime import executor
 from runtime.envelopes import EnvelopeError
@@ -96,3 +97,20 @@ def test_adaptive_without_bubblewrap_downgrades_and_says_so(manifest, run_shell)
             "reason": "bubblewrap unusable on this host: bwrap not installed",
         }
     ]
+
+
+def test_the_data_directory_is_hidden(run_shell, tmp_path):
+    # The embedded database and every other step's files live there.
+    secret = settings.DATA_DIR / f"secret-{uuid.uuid4().hex}"
+    secret.write_text("other tenants' data")
+    secret.chmod(0o644)
+    try:
+        result = run_shell({"script": f"ls -a {settings.DATA_DIR}; cat {secret} 2>&1; echo end"},
+                           profile="linux_sandbox")
+    finally:
+        secret.unlink()
+    listing = result["output"]["stdout"].split("\n")
+    assert secret.name not in listing
+    assert "tasks" in listing  # only the skeleton down to the workspace
+    assert "No such file" in result["output"]["stdout"]
+    assert "other tenants" not in result["output"]["stdout"]
