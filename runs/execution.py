@@ -17,7 +17,7 @@ so a late result of a superseded attempt is audited and dropped.
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import transaction
@@ -32,9 +32,11 @@ from runs.step_runner import (
     SANDBOX_QUEUE,
     can_sandbox,
     current_host,
+    hand_over_reservation,
     new_handle_id,
     queue_for,
     reattach,
+    release_reservation,
     resolve_step_plan,
     run_tool,
 )
@@ -55,6 +57,11 @@ class Claim:
     step_pk: int
     attempt: int
     queue: str = DEFAULT_QUEUE
+    # Set when settle already started the attempt for this worker (the
+    # common case of a sequential plan): the step as written, and whether
+    # the finished step's ledger reservation was handed over to it.
+    started: Step | None = field(default=None, compare=False)
+    reserved: bool = False
 
     def runnable_here(self) -> bool:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
@@ -85,10 +92,12 @@ def executing_started(run: Run) -> None:
     transaction.on_commit(lambda: settle_run.apply_async((run.pk,), countdown=remaining + 0.5))
 
 
-def run_settle(run_id: int, *, claim_one: bool = False) -> Claim | None:
-    """Decide the run's next move; return one dispatched step attempt for the
-    caller to execute itself when ``claim_one`` (saves a broker round trip
-    on a sequential plan), enqueueing the others after commit."""
+def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
+    """Decide the run's next move. With ``claim_one``, one ready step that
+    may run here is started at once for the caller to execute in-process
+    (saving a broker round trip and a transaction on a sequential plan),
+    taking over the reservation of the ``handover`` handle when it can; the
+    other ready steps are enqueued after commit."""
     close = False
     claim = None
     with transaction.atomic():
@@ -138,10 +147,7 @@ def run_settle(run_id: int, *, claim_one: bool = False) -> Claim | None:
         else:
             ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
                      and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
-            claims = _dispatch(run, ready)
-            if claim_one:
-                claim = next((c for c in claims if c.runnable_here()), None)
-                claims = [c for c in claims if c is not claim]
+            claim, claims = _dispatch(run, ready, claim_one=claim_one, handover=handover)
             transaction.on_commit(lambda: _enqueue(claims))
     if close:
         from runs.pipeline import run_close
@@ -150,17 +156,46 @@ def run_settle(run_id: int, *, claim_one: bool = False) -> Claim | None:
     return claim
 
 
-def _dispatch(run: Run, ready: list[Step]) -> list[Claim]:
-    claims = []
+def _local_plan(step: Step) -> dict | None:
+    """The effective plan if this worker may start ``step`` itself."""
+    if not Claim(step.pk, 1, queue_for(step)).runnable_here():
+        return None
+    try:
+        return resolve_step_plan(step)
+    except EnvelopeError:
+        return None  # refused here: the task path records the refusal
+
+
+def _dispatch(run: Run, ready: list[Step], *, claim_one: bool, handover: str) -> tuple[Claim | None, list[Claim]]:
+    local, local_plan = None, None
+    if claim_one:
+        local, local_plan = next(((step, plan) for step in ready if (plan := _local_plan(step)) is not None),
+                                 (None, None))
+    claim, claims, events = None, [], []
+    now = timezone.now()
     for step in ready:
-        handle_id = new_handle_id(step, 1)
-        if Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="").update(
-            run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=handle_id
-        ):
-            step.handle_id = handle_id
-            _event(run.pk, step, EventType.TASK_ACCEPTED, "accepted", {"attempt": 1})
+        step.handle_id = new_handle_id(step, 1)
+        pending = Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="")
+        accepted = Event(type=EventType.TASK_ACCEPTED, run=run, task_id=step.step_id, handle_id=step.handle_id,
+                         timestamp=now, message="accepted", data={"attempt": 1})
+        if step is local:
+            started = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING, "attempt": 1,
+                       "handle_id": step.handle_id, "host": current_host(), "started_at": now,
+                       "effective_plan": local_plan}
+            if pending.update(**started):
+                for name, value in started.items():
+                    setattr(step, name, value)
+                step.run = run
+                events += [accepted, Event(type=EventType.TASK_STARTED, run=run, task_id=step.step_id,
+                                           handle_id=step.handle_id, timestamp=now, message="started",
+                                           data={"attempt": 1, "host": step.host, "plan": local_plan})]
+                reserved = bool(handover) and hand_over_reservation(handover, step)
+                claim = Claim(step.pk, 1, queue_for(step), started=step, reserved=reserved)
+        elif pending.update(run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=step.handle_id):
+            events.append(accepted)
             claims.append(Claim(step.pk, 1, queue_for(step)))
-    return claims
+    Event.objects.bulk_create(events)
+    return claim, claims
 
 
 def _skip_pending(run: Run, steps: list[Step], reason: str) -> None:
@@ -200,42 +235,50 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
             _event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
 
 
-def step_execute(step_pk: int, attempt: int) -> Claim | None:
-    """Run one claimed attempt of a step to its end on this host; return
-    the next step attempt this worker should run itself, if any."""
-    with transaction.atomic():
-        started = timezone.now()
-        step = Step.objects.select_related("run").filter(pk=step_pk).first()
-        if step is None:
-            return None
-        try:
-            effective_plan, plan_error = resolve_step_plan(step), None
-        except EnvelopeError as exc:  # strict request this host cannot honour: refused before anything runs
-            effective_plan, plan_error = {}, exc.envelope
-        claimed = Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.ACCEPTED).update(
-            status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, started_at=started, host=current_host(),
-            effective_plan=effective_plan,
-        )
-        if not claimed:  # a duplicate delivery, or the attempt was cancelled or superseded
-            return None
-        step.refresh_from_db()
-        run = step.run
-        _event(run.pk, step, EventType.TASK_STARTED, "started",
-               {"attempt": attempt, "host": step.host, "plan": effective_plan})
-    if plan_error is not None:
-        result = _failed_result(step, attempt, started, plan_error)
-    elif run.state != S.EXECUTING:
-        result = _failed_result(step, attempt, started,
-                                error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
+def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False
+                 ) -> Claim | None:
+    """Run one attempt of a step to its end on this host; return the next
+    step attempt this worker should run itself, if any. ``started`` is the
+    step when settle already started the attempt for this worker."""
+    plan_error = None
+    if started is None:
+        with transaction.atomic():
+            step = Step.objects.select_related("run").filter(pk=step_pk).first()
+            if step is None:
+                return None
+            try:
+                effective_plan = resolve_step_plan(step)
+            except EnvelopeError as exc:  # strict request this host cannot honour: refused before anything runs
+                effective_plan, plan_error = {}, exc.envelope
+            claim = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING, "started_at": timezone.now(),
+                     "host": current_host(), "effective_plan": effective_plan}
+            if not Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.ACCEPTED).update(**claim):
+                return None  # a duplicate delivery, or the attempt was cancelled or superseded
+            for name, value in claim.items():
+                setattr(step, name, value)
+            _event(step.run_id, step, EventType.TASK_STARTED, "started",
+                   {"attempt": attempt, "host": step.host, "plan": effective_plan})
     else:
-        remaining = (_deadline(run) - timezone.now()).total_seconds()
-        result = run_tool(
-            step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001),
-            cancel_requested=_cancel_poller(run.pk),
-            on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
-            on_wait=lambda: _event(run.pk, step, EventType.TASK_PROGRESSED, "waiting for a free slot on "
-                                   f"{step.host}", {"attempt": attempt, "waiting_for": "resources"}),
-        )
+        step = started
+    run = step.run
+    try:
+        if plan_error is not None:
+            result = _failed_result(step, attempt, step.started_at, plan_error)
+        elif run.state != S.EXECUTING:
+            result = _failed_result(step, attempt, step.started_at,
+                                    error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
+        else:
+            remaining = (_deadline(run) - timezone.now()).total_seconds()
+            result = run_tool(
+                step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001), reserved=reserved,
+                cancel_requested=_cancel_poller(run.pk),
+                on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
+                on_wait=lambda: _event(run.pk, step, EventType.TASK_PROGRESSED, "waiting for a free slot on "
+                                       f"{step.host}", {"attempt": attempt, "waiting_for": "resources"}),
+            )
+    except BaseException:
+        release_reservation(step.handle_id)
+        raise
     return step_finish(step, attempt, result)
 
 
@@ -258,6 +301,7 @@ def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
     """Apply one attempt's result, fenced by the attempt; schedule a retry
     or settle the run."""
     run = step.run
+    finished_handle = step.handle_id  # the retry below names the next attempt's handle
     retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
              and attempt <= step.retries and timezone.now() < _deadline(run))
     with transaction.atomic():
@@ -270,6 +314,7 @@ def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
             AuditLog.objects.create(run_id=run.pk, tenant_id=run.tenant_id, event="stale_result_ignored",
                                     caller="tool controller",
                                     data={"step": step.step_id, "attempt": attempt, "status": result["status"]})
+            transaction.on_commit(lambda: release_reservation(finished_handle))
             return None
         event_type = {StepRunStatus.SUCCESS: EventType.TASK_SUCCEEDED,
                       StepRunStatus.CANCELLED: EventType.TASK_CANCELLED}.get(result["status"], EventType.TASK_FAILED)
@@ -285,9 +330,13 @@ def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
             _event(run.pk, step, EventType.TASK_RETRIED, f"retrying in {backoff:.1f}s after attempt {attempt}",
                    {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]})
             retry_claim = Claim(step.pk, next_attempt, queue_for(step))
+            transaction.on_commit(lambda: release_reservation(finished_handle))
             transaction.on_commit(lambda: _enqueue([retry_claim], countdown=backoff))
             return None
-    return run_settle(run.pk, claim_one=True)
+    claim = run_settle(run.pk, claim_one=True, handover=finished_handle)
+    if claim is None or not claim.reserved:
+        release_reservation(finished_handle)
+    return claim
 
 
 def _cancel_poller(run_id: int):
@@ -323,5 +372,5 @@ def _failed_result(step: Step, attempt: int, started, error: dict) -> dict:
 def execute_claims(claim: Claim | None) -> None:
     """Run a chain of in-process claims until settle hands back none."""
     while claim is not None:
-        claim = step_execute(claim.step_pk, claim.attempt)
+        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, reserved=claim.reserved)
 

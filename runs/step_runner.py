@@ -67,23 +67,34 @@ def _reserve(host: str, handle_id: str, amounts: dict) -> bool:
     return False
 
 
-def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Callable[[], bool],
-             on_progress: Callable[[int, str], None], on_wait: Callable[[], None]) -> dict:
-    """Reserve a slot on this host (waiting, not failing, when there is
-    none), execute, release on every ending."""
-    host = current_host()
+def reservation_amounts(step: Step) -> dict:
     limits = (step.effective_plan or {}).get("limits") or {}
-    amounts = {"slots": 1, "memory_bytes": int(limits.get("address_space_bytes") or 0),
-               "pids": int(limits.get("processes") or 0)}
-    if not _reserve(host, step.handle_id, amounts):
-        on_wait()
-        ledger.wait_for_reservation(host, step.handle_id, **amounts)
-    try:
-        return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
-                                attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
-                                on_progress=on_progress)
-    finally:
-        ledger.release(step.handle_id)
+    return {"slots": 1, "memory_bytes": int(limits.get("address_space_bytes") or 0),
+            "pids": int(limits.get("processes") or 0)}
+
+
+def hand_over_reservation(from_handle: str, step: Step) -> bool:
+    """Pass a finished step's slot to the next step this worker runs."""
+    return ledger.transfer(from_handle, step.handle_id, host=current_host(), **reservation_amounts(step))
+
+
+def release_reservation(handle_id: str) -> None:
+    ledger.release(handle_id)
+
+
+def run_tool(step: Step, *, attempt: int, timeout_s: float, reserved: bool, cancel_requested: Callable[[], bool],
+             on_progress: Callable[[int, str], None], on_wait: Callable[[], None]) -> dict:
+    """Reserve a slot on this host unless the step already holds one
+    (waiting, not failing, when there is none) and execute. The caller
+    releases the reservation once the result is recorded."""
+    if not reserved:
+        host, amounts = current_host(), reservation_amounts(step)
+        if not _reserve(host, step.handle_id, amounts):
+            on_wait()
+            ledger.wait_for_reservation(host, step.handle_id, **amounts)
+    return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
+                            attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
+                            on_progress=on_progress)
 
 
 LOG_STREAMS = {"stdout": shim.STDOUT_FILE, "stderr": shim.STDERR_FILE}
@@ -100,8 +111,5 @@ def step_log_path(step: Step, stream: str):
 def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: Callable[[int, str], None]) -> dict:
     """Wait for a shim a previous worker started; a shim that is gone
     without a result yields an ``internal`` error envelope."""
-    try:
-        return executor.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
-    finally:
-        ledger.release(step.handle_id)
+    return executor.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
 

@@ -89,6 +89,18 @@ def reserve(
     return True
 
 
+def transfer(from_handle: str, to_handle: str, *, host: str, slots: int = 1, memory_bytes: int = 0,
+             pids: int = 0) -> bool:
+    """Hand a reservation over to the next step on the same host when it
+    needs exactly the same amounts: one UPDATE instead of a release and a
+    reserve, and the slot is never free in between. False, and nothing
+    changed, when there is no such reservation."""
+    amounts = _amounts(slots, memory_bytes, pids)
+    return Reservation.objects.filter(handle_id=from_handle, host_id=host, **amounts).update(
+        handle_id=to_handle, reserved_at=timezone.now(), waited_ms=0
+    ) == 1
+
+
 def release(handle_id: str) -> bool:
     """Give back handle_id's reservation; False if there was none (already released)."""
     row = Reservation.objects.filter(handle_id=handle_id).first()
