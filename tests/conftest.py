@@ -168,14 +168,6 @@ class WorkerProcess:
             time.sleep(0.1)
         return self
 
-    def pause(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)
-
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
@@ -193,36 +185,47 @@ def purge_broker() -> None:
     app.control.purge()
 
 
-_session_workers: list[WorkerProcess] = []
+class SharedWorker:
+    """The default worker, started when a test asks for it and stopped
+    before a test that must not share the broker with it: one that drives
+    runs in-process, or starts workers of its own. (Pausing it is not
+    enough: Redis hands a message to a stopped process's pending BRPOP.)"""
+
+    def __init__(self):
+        self.worker: WorkerProcess | None = None
+
+    def running(self) -> WorkerProcess:
+        if self.worker is None:
+            purge_broker()
+            self.worker = WorkerProcess().start()
+        return self.worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
 
 
-@pytest.fixture(scope="session")
-def session_worker(django_db_setup, django_db_blocker):
-    with django_db_blocker.unblock():
-        purge_broker()
-        worker = WorkerProcess().start()
-    _session_workers.append(worker)
-    yield worker
-    _session_workers.remove(worker)
-    worker.resume()
-    worker.stop()
+_shared_worker = SharedWorker()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_worker_at_exit():
+    yield
+    _shared_worker.stop()
 
 
 @pytest.fixture
-def celery_worker(session_worker):
-    """A real worker process (one per test session); tests using it need
-    ``django_db(transaction=True)`` so the worker sees their rows. Tasks
-    that tests without a worker published meanwhile (for runs they drove
-    in-process) are purged first."""
+def celery_worker(transactional_db):
+    """A real worker process against the test database (shared by
+    consecutive tests); tests using it need ``django_db(transaction=True)``
+    so the worker sees their rows. Tasks published meanwhile by tests
+    without a worker are purged first."""
     purge_broker()
-    session_worker.resume()
-    return session_worker
+    return _shared_worker.running()
 
 
 @pytest.fixture(autouse=True)
-def _pause_worker_for_in_process_tests(request):
-    """A test that drives runs in-process must not share them with the
-    session's worker: the worker is stopped (SIGSTOP) for its duration."""
+def _no_shared_worker_unless_asked(request):
     if "celery_worker" not in request.fixturenames:
-        for worker in _session_workers:
-            worker.pause()
+        _shared_worker.stop()
