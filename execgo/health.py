@@ -6,6 +6,7 @@ from django.db import connection
 from django.http import JsonResponse
 
 from execgo.celery import app as celery_app
+from runtime.models import HostCapacity
 
 
 def healthz(request):
@@ -32,6 +33,15 @@ def _channel_layer() -> str:
     return "ok"
 
 
+def _hosts() -> list[dict]:
+    """What each worker host announced at start: capacity, use, capabilities."""
+    return [
+        {"host": row.host, "last_seen": row.last_seen, "task_slots": row.task_slots_capacity,
+         "task_slots_reserved": row.task_slots_reserved, "capabilities": row.capabilities}
+        for row in HostCapacity.objects.order_by("host")
+    ]
+
+
 def readyz(request):
     checks, ready = {}, True
     for name, probe in (("database", _database), ("broker", _broker), ("channel_layer", _channel_layer)):
@@ -40,4 +50,7 @@ def readyz(request):
         except Exception as exc:  # a probe reports any failure as "not ready", never a 500
             checks[name] = f"error: {exc.__class__.__name__}"
             ready = False
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+    body = {"status": "ok" if ready else "unavailable", "checks": checks}
+    if checks["database"] == "ok":
+        body["hosts"] = _hosts()
+    return JsonResponse(body, status=200 if ready else 503)

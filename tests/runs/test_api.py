@@ -5,6 +5,7 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
+from runtime import ledger
 from runs.models import AuditLog, Job, Run
 from runs.pipeline import run_advance
 from tests.conftest import make_user, simple_plan, token_client
@@ -198,9 +199,13 @@ def test_metrics_count_runs_by_state(client, make_run):
 
 def test_health_endpoints(client):
     assert client.get("/healthz").json() == {"status": "ok"}
+    ledger.host_register("probe-host")
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.content
     assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "channel_layer": "ok"}
+    [host] = ready.json()["hosts"]
+    assert host["host"] == "probe-host"
+    assert set(host["capabilities"]) >= {"bubblewrap", "cgroup", "cpu", "memory", "pid_namespace"}
 
 
 @pytest.mark.django_db(transaction=True)
