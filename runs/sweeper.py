@@ -9,9 +9,11 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from runs.errors import ErrorCode, error_envelope
+from runs.execution import fence_unfinished_steps
 from runs.models import AuditLog, Run, TraceKind
 from runs.pipeline import run_close
 from runs.statemachine import FINAL, TRANSIENT, ZOMBIE_SWEEPER, RunState
@@ -80,9 +82,20 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
             kind, data = TraceKind.RUN, {"layer": "sweeper", "stuck_in": stuck_in}
             if stuck_in == S.AWAITING_HITL:
                 kind, data = TraceKind.HITL_DECISION, {**data, "decision": "reject", "timeout": True}
-            run_transition(run, target, caller="zombie sweeper", forced_by=ZOMBIE_SWEEPER, expected=stuck_in,
-                           message=error["message"], data={"layer": "sweeper"},
-                           trace=TraceRecord(kind, data, error=error))
+            transition = {"caller": "zombie sweeper", "forced_by": ZOMBIE_SWEEPER, "expected": stuck_in,
+                          "message": error["message"], "data": {"layer": "sweeper"},
+                          "trace": TraceRecord(kind, data, error=error)}
+            with transaction.atomic():
+                # The row lock keeps every other writer out, so the fence and the
+                # transition commit together or not at all: attempts still running
+                # are superseded from this moment, their late results audited.
+                still_stuck = Run.objects.select_for_update().filter(pk=run.pk, state=stuck_in).exists()
+                if still_stuck:
+                    fence_unfinished_steps(run, reason=f"run forced from {stuck_in} to {target} "
+                                                       "by the zombie sweeper")
+                    run_transition(run, target, **transition)
+            if not still_stuck:
+                run_transition(run, target, **transition)  # raises TransitionLost, audited as any lost race
         closed = run_close(run.pk)
     except (TransitionLost, InvalidTransitionError) as exc:
         logger.info("sweeper gave up on run %s: %s", run.pk, exc)

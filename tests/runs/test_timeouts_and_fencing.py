@@ -42,7 +42,8 @@ def test_late_result_after_the_sweeper_closed_the_run_is_audited_not_applied(api
     assert (run.state, run.closing_cause) == ("CLOSED_FAILED", "run_timeout")
     step = run.steps.get()
     assert (step.status, step.run_status) == ("failed", "cancelled")
-    assert step.result["error"]["message"] == "run closed as CLOSED_FAILED"
+    superseded = "run forced from EXECUTING to TIMEOUT by the zombie sweeper"
+    assert step.result["error"]["message"] == superseded
 
     # The worker notices the run left EXECUTING, kills the command, and its
     # result finds the fence gone.
@@ -51,7 +52,7 @@ def test_late_result_after_the_sweeper_closed_the_run_is_audited_not_applied(api
     stale = AuditLog.objects.get(run=run, event="stale_result_ignored")
     assert stale.data["step"] == "slow" and stale.data["attempt"] == 1
     step.refresh_from_db()
-    assert step.result["error"]["message"] == "run closed as CLOSED_FAILED"
+    assert step.result["error"]["message"] == superseded
     assert [e for e in AuditLog.objects.filter(run=run).values_list("event", flat=True)
             if e.startswith("zombie")] == ["zombie_detected", "zombie_recovered"]
 
