@@ -203,6 +203,26 @@ EXECGO_OUTPUT_TAIL_BYTES = env_int("EXECGO_OUTPUT_TAIL_BYTES", 64 * 1024)
 EXECGO_TASKS_DIR = DATA_DIR / "tasks"
 # Workspaces and logs of final runs are purged this long after they ended.
 EXECGO_TASK_RETENTION_S = env_int("EXECGO_TASK_RETENTION_S", 7 * 24 * 3600)
+# The execution data plane of this worker host.
+EXECGO_HOST_NAME = env_str("EXECGO_HOST_NAME", "")  # empty: the machine's hostname
+EXECGO_TASK_SLOTS = env_int("EXECGO_TASK_SLOTS", 0)  # 0: one per CPU
+EXECGO_MEMORY_BYTES = env_int("EXECGO_MEMORY_BYTES", 0)  # 0: the machine's memory
+EXECGO_PIDS_CAPACITY = env_int("EXECGO_PIDS_CAPACITY", 4096)
+EXECGO_SANDBOX_MODE = env_str("EXECGO_SANDBOX_MODE", "adaptive")  # strict | adaptive, when a step says neither
+if EXECGO_SANDBOX_MODE not in {"strict", "adaptive"}:
+    raise ImproperlyConfigured(f"EXECGO_SANDBOX_MODE must be strict or adaptive, got {EXECGO_SANDBOX_MODE!r}")
+_sandbox_uid = env_str("EXECGO_SANDBOX_UID", "65534")
+# The uid untrusted commands run as when the worker is root ("none": never drop).
+EXECGO_SANDBOX_UID = None if _sandbox_uid.lower() == "none" else env_int("EXECGO_SANDBOX_UID", 65534)
+EXECGO_BWRAP_PATH = env_str("EXECGO_BWRAP_PATH", "")  # empty: bwrap on PATH
+EXECGO_UNSHARE_PATH = env_str("EXECGO_UNSHARE_PATH", "/usr/bin/unshare")
+EXECGO_SHIM_FORKSERVER = env_bool("EXECGO_SHIM_FORKSERVER", True)
+EXECGO_SHELL_ENV_ALLOWLIST = env_list(
+    "EXECGO_SHELL_ENV_ALLOWLIST", ["LANG", "LANGUAGE", "LC_*", "TZ", "TERM", "NO_COLOR", "STEP_*"]
+)
+EXECGO_FILE_MAX_BYTES = env_int("EXECGO_FILE_MAX_BYTES", 8 * 1024 * 1024)
+EXECGO_HTTP_MAX_BODY_BYTES = env_int("EXECGO_HTTP_MAX_BODY_BYTES", 1024 * 1024)
+
 # Policy gate: run budgets (exceeding one rejects the run) and the hosts an
 # http step may write to without an approval.
 EXECGO_BUDGET_MAX_STEPS = env_int("EXECGO_BUDGET_MAX_STEPS", 100)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -169,14 +170,30 @@ class WorkerProcess:
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the main process only: it shuts its pool down itself (a
+        signal to the whole group also hits the pool processes, and the main
+        process then waits for them until the SIGKILL)."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
+            os.kill(self.proc.pid, sig)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def stop_workers(*workers: WorkerProcess) -> None:
+    """Stop (SIGTERM, warm shutdown) every started worker, all at once."""
+    started = [worker for worker in workers if worker.proc is not None]
+    with ThreadPoolExecutor(max_workers=len(started) or 1) as pool:
+        list(pool.map(lambda worker: worker.stop(), started))
+
+
+def log_tails(*workers: WorkerProcess, size: int = 4000) -> str:
+    return "".join(f"\n--- {worker.log_path.name} ---\n{worker.log_path.read_text(errors='replace')[-size:]}"
+                   for worker in workers if worker.log_path.exists())
+
 
 
 def purge_broker() -> None:
