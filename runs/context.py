@@ -36,7 +36,7 @@ def _size(context: dict) -> int:
 def assemble_context(run: Run) -> Assembled:
     budget = settings.EXECGO_CONTEXT_BUDGET_BYTES
     memories = memories_for(run)
-    foreign = [m.pk for m in memories if m.tenant_id != run.tenant_id or m.run.tenant_id != run.tenant_id]
+    foreign = [m.pk for m in memories if m.tenant_id != run.tenant_id or m.source_tenant_id != run.tenant_id]
     if foreign:
         raise ExecGoError(ErrorCode.DENIED, f"cross-tenant memory blocked: entries {foreign}", source="store",
                           details={"memory_ids": foreign, "tenant": run.tenant_id})

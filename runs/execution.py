@@ -104,7 +104,9 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> C
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.state != S.EXECUTING:
             return None
-        steps = list(run.steps.all())
+        # Results are the bulk of a step row and settle reads every step of
+        # the run each time: they are loaded only when a failure needs one.
+        steps = list(run.steps.defer("result"))
         by_id = {step.step_id: step for step in steps}
         in_flight = [step for step in steps if step.run_status in IN_FLIGHT]
         failed = [step for step in steps if step.status == StepStatus.FAILED]

@@ -2,6 +2,7 @@
 agent), written only in the TRACING of a run that ends SUCCEEDED."""
 
 from django.conf import settings
+from django.db.models import F
 
 from runs.models import MemoryEntry, Run, StepStatus
 
@@ -11,7 +12,9 @@ def memories_for(run: Run) -> list[MemoryEntry]:
         return []
     return list(
         MemoryEntry.objects.filter(tenant_id=run.tenant_id, agent_id=run.submitted_by_id)
-        .select_related("run")
+        # The source run's tenant, for the provenance check (not the run
+        # itself: its plan and context can be large).
+        .annotate(source_tenant_id=F("run__tenant_id"))
         .order_by("-id")[: settings.EXECGO_MEMORY_RECALL_LIMIT]
     )
 
