@@ -26,7 +26,6 @@ from django.utils import timezone
 from runs.errors import ErrorCode, error_envelope
 from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.statemachine import RunState
-from runtime.envelopes import EnvelopeError, failed_result
 from runs.step_runner import (
     DEFAULT_QUEUE,
     SANDBOX_QUEUE,
@@ -41,6 +40,7 @@ from runs.step_runner import (
     run_tool,
 )
 from runs.transitions import TraceRecord, run_transition
+from runtime.envelopes import EnvelopeError, failed_result
 
 S = RunState
 logger = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from runs.execution import Claim, executing_started, fence_unfinished_steps, run_settle
 from runs.context import assemble_context
 from runs.errors import ExecGoError
+from runs.execution import Claim, executing_started, fence_unfinished_steps, run_settle
 from runs.memory import memory_write
 from runs.models import AuditLog, Event, EventType, Run, Step, TraceKind
 from runs.planners import PlanningFailed, plan_run

@@ -10,10 +10,10 @@ from typing import Any
 
 from django.conf import settings
 
+from runs.errors import ErrorCode, ExecGoError
 from runtime.envelopes import EnvelopeError
 from runtime.plans import MODES, PROFILES, normalize_limits
 from runtime.tools import validate_params
-from runs.errors import ErrorCode, ExecGoError
 
 KNOWN_TOOLS = ("shell", "http", "file")
 STEP_KEYS = {"id", "tool", "params", "depends_on", "timeout_s", "retries", "sandbox"}

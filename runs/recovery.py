@@ -10,11 +10,11 @@ pick up what a dead worker left behind (SPEC §8).
 
 import logging
 
-from runtime import executor, ledger
-from runtime.capabilities import capability_manifest
 from runs.models import Step, StepRunStatus
 from runs.statemachine import RunState
 from runs.step_runner import current_host, host_queue, queue_for
+from runtime import executor, ledger
+from runtime.capabilities import capability_manifest
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runtime.gc import purge_task_dirs
 from runs.models import AuditLog, Event, Run, Step
 from runs.statemachine import FINAL
+from runtime.gc import purge_task_dirs
 
 
 def run_handles(run: Run) -> set[str]:

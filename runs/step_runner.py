@@ -9,11 +9,11 @@ nothing of runs.
 import secrets
 from collections.abc import Callable
 
+from runs.models import Step
 from runtime import executor, ledger, shim
 from runtime.capabilities import capability_manifest, host_name
 from runtime.models import HostCapacity
 from runtime.plans import resolve_plan
-from runs.models import Step
 
 DEFAULT_QUEUE = "celery"
 SANDBOX_QUEUE = "execgo.linux_sandbox"

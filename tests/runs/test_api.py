@@ -5,9 +5,9 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
-from runtime import ledger
 from runs.models import AuditLog, Job, Run
 from runs.pipeline import run_advance
+from runtime import ledger
 from tests.conftest import make_user, simple_plan, token_client
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from runs.errors import ExecGoError
 from runs.hitl import APPROVERS_GROUP, run_decide
 from runs.models import AuditLog, MemoryEntry, Run
-from runs.errors import ExecGoError
 from runs.services import run_cancel, run_submit
 from runs.sweeper import sweep_run
 from tests.conftest import WorkerProcess, make_user, purge_broker, simple_plan, wait_for_run

@@ -11,7 +11,6 @@ from runs.policy import current_policy_version, evaluate_policy, policy_rule_del
 from runs.services import run_submit
 from tests.runs.policy_steps import SEEDED, http, shell
 
-
 # --- rule changes bump the policy version ---------------------------------------------------
 
 

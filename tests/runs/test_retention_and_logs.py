@@ -6,12 +6,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runtime.executor import task_dir
 from runs.execution import execute_claims
 from runs.models import AuditLog, Run
 from runs.pipeline import run_advance
 from runs.retention import purge_expired_artifacts, run_handles
 from runs.services import run_submit
+from runtime.executor import task_dir
 from tests.conftest import make_user, token_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

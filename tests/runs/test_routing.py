@@ -27,7 +27,6 @@ from runtime.models import HostCapacity, Reservation
 from runtime.plans import resolve_plan
 from tests.conftest import ROOT, WorkerProcess, log_tails, purge_broker, stop_workers, wait_for_run, wait_until
 
-
 PLAIN, BOXED = "plain-host", "boxed-host"
 NO_BWRAP = "/nonexistent/bwrap"
 STRICT_SANDBOX = {"profile": "linux_sandbox", "mode": "strict"}
