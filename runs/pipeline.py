@@ -35,6 +35,15 @@ def run_advance(run_id: int) -> Claim | None:
         if run.state == S.EXECUTING:
             executing_started(run)
             return run_settle(run_id, claim_one=True)
+        if run.state == S.AWAITING_HITL and run.cancel_requested_at is not None:
+            # A cancel requested before the run reached its first state with a
+            # CANCELLED edge is applied here, not left for the approver.
+            try:
+                run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by,
+                               expected=S.AWAITING_HITL)
+            except TransitionLost:
+                return None
+            continue
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
             return None

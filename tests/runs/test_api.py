@@ -231,3 +231,16 @@ def test_cancel_while_awaiting_approval_applies_at_once(api, make_run, agent):
     assert list(AuditLog.objects.filter(run=run).values_list("event", flat=True)) == [
         "cancel_requested", "state_changed", "state_changed", "run_cancelled",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_before_policy_check_applies_when_the_run_reaches_approval(api, agent, seeded_policy):
+    plan = simple_plan(["pip", "install", "requests"])  # high risk: the run would wait for an approver
+    run_id = api.post("/api/v1/runs", {"plan": plan}, format="json").json()["id"]
+    assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 202
+    run_advance(run_id)
+    run = Run.objects.get(pk=run_id)
+    assert (run.state, run.closing_cause) == ("CLOSED_CANCELLED", "cancelled")
+    states = list(run.traces.filter(kind="transition").values_list("to_state", flat=True))
+    assert states[-4:] == ["AWAITING_HITL", "CANCELLED", "TRACING", "CLOSED_CANCELLED"]
+    assert AuditLog.objects.get(run=run, event="run_cancelled").actor == agent
