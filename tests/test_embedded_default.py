@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime import forkserver
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
 
@@ -87,4 +89,6 @@ def test_the_embedded_default_runs_a_plan_end_to_end(embedded_env, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(honcho.pid, signal.SIGKILL)
         log.close()
+        # The shim fork server outlives its worker by design; this one is done.
+        forkserver.stop_server(Path(embedded_env["EXECGO_DATA_DIR"]) / "tasks")
     assert (Path(embedded_env["EXECGO_DATA_DIR"]) / "execgo.sqlite3").exists()
