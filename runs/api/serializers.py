@@ -36,8 +36,8 @@ class StepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Step
-        fields = ["id", "tool", "depends_on", "status", "run_status", "handle_id", "attempt", "started_at",
-                  "finished_at", "result"]
+        fields = ["id", "tool", "depends_on", "status", "run_status", "handle_id", "attempt", "host", "progress",
+                  "requested_plan", "effective_plan", "started_at", "finished_at", "result"]
         read_only_fields = fields
 
 

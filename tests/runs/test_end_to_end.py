@@ -34,6 +34,10 @@ def test_three_step_plan_reaches_succeeded(api, celery_worker):
     assert count["output"] == {"exit_code": 0, "stdout": "42\n"}
     assert count["error"] is None
     assert set(count) >= {"handle_id", "started_at", "finished_at", "duration_ms", "attempt", "details"}
+    step = body["steps"][1]
+    assert step["requested_plan"] == {}
+    assert step["effective_plan"]["profile"] == "process"
+    assert step["host"] and step["progress"] == 100
 
     job = api.get(f"/api/v1/jobs/{run.job_id}").json()
     assert job["status"] == "done"
