@@ -2,6 +2,7 @@
 
 import os
 
+import psutil
 import pytest
 
 from runtime import executor
@@ -132,3 +133,18 @@ def test_bad_params_fail_before_anything_runs(handle, params, code):
     assert result["error"]["code"] == code
     assert result["attempt"] == 2
     assert not os.path.exists(executor.task_dir(handle) / "request.json")
+
+
+def test_a_flood_of_output_does_not_grow_the_worker(run_shell, handle):
+    """The shim, not the worker, reads the command's output: the worker's
+    memory stays flat however much the command prints (bench/bench_log_flood.py
+    runs the 60 s version and prints the figures)."""
+    cap = 1024 * 1024
+    worker = psutil.Process()
+    before = worker.memory_info().rss
+    result = run_shell({"argv": ["yes"]}, timeout_s=5, limits={"log_cap_bytes": cap})
+    grown = worker.memory_info().rss - before
+    assert result["details"]["termination"] == "timeout"
+    assert (executor.task_dir(handle) / "stdout.log").stat().st_size == cap
+    assert result["details"]["stdout_truncated_bytes"] > 100 * cap  # it really flooded
+    assert grown < 50 * 1024 * 1024
