@@ -44,7 +44,8 @@ def run_decide(*, run: Run, approve: bool, actor, comment: str = "") -> Run:
         data = {"decision": decision, "approver": actor.pk, "approver_name": actor.get_username(),
                 "comment": comment, "timeout": False, "decided_at": timezone.now().isoformat()}
         Trace.objects.create(run=locked, kind=TraceKind.HITL_DECISION, from_state=S.AWAITING_HITL, data=data)
-        AuditLog.objects.create(run=locked, tenant_id=locked.tenant_id, event="approval_approved" if approve else "approval_rejected", actor=actor, caller="hitl controller",
+        AuditLog.objects.create(run=locked, tenant_id=locked.tenant_id, actor=actor, caller="hitl controller",
+                                event="approval_approved" if approve else "approval_rejected",
                                 from_state=S.AWAITING_HITL, data={"comment": comment})
     try:
         run = run_transition(run, S.EXECUTING if approve else S.REJECTED, caller="hitl controller", actor=actor,

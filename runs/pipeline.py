@@ -38,12 +38,8 @@ def run_advance(run_id: int) -> Claim | None:
         if run.state == S.AWAITING_HITL and run.cancel_requested_at is not None:
             # A cancel requested before the run reached its first state with a
             # CANCELLED edge is applied here, not left for the approver.
-            try:
-                run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by,
-                               expected=S.AWAITING_HITL)
-            except TransitionLost:
-                return None
-            continue
+            run_cancel_awaiting_approval(run_id)
+            return None
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
             return None
@@ -110,6 +106,18 @@ def _check_policy(run: Run) -> None:
             run_transition(run, S.AWAITING_HITL, caller="hitl controller", expected=S.POLICY_CHECK, trace=trace)
     else:
         run_transition(run, S.EXECUTING, caller="hitl controller", expected=S.POLICY_CHECK, trace=trace)
+
+
+def run_cancel_awaiting_approval(run_id: int) -> Run | None:
+    """Apply a stored cancel request to a run waiting for approval: CANCELLED,
+    then closed. None when an approval, the expiry or the sweeper moved the
+    run first (the request then applies wherever the run went)."""
+    run = Run.objects.select_related("cancel_requested_by").get(pk=run_id)
+    try:
+        run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by, expected=S.AWAITING_HITL)
+        return run_close(run_id)
+    except TransitionLost:
+        return None
 
 
 def run_close(run_id: int) -> Run | None:

@@ -92,7 +92,8 @@ def validate_plan(plan: Any) -> list[dict]:
         retries = raw.get("retries", 0)
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
             raise _invalid(f"step {step_id!r}: retries must be an integer in [0, {MAX_RETRIES}]", step=step_id)
-        normalised[step_id] = {"id": step_id, "tool": tool, "params": params, "depends_on": list(dict.fromkeys(depends_on)),
+        normalised[step_id] = {"id": step_id, "tool": tool, "params": params,
+                               "depends_on": list(dict.fromkeys(depends_on)),
                                "timeout_s": float(timeout_s), "retries": retries, "sandbox": sandbox}
 
     for step in normalised.values():

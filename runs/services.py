@@ -15,7 +15,7 @@ from runs.errors import ConflictError, ErrorCode
 from runs.models import AuditLog, Event, EventType, Job, Run, Tenant
 from runs.plans import validate_plan
 from runs.statemachine import RunState
-from runs.transitions import TransitionLost, audit_independently, run_transition
+from runs.transitions import audit_independently
 
 S = RunState
 
@@ -108,13 +108,9 @@ def run_cancel(*, run: Run, user: Any) -> Run:
 
         settle_run.delay_on_commit(run.pk)
     elif run.state == S.AWAITING_HITL:
-        from runs.pipeline import run_close
+        from runs.pipeline import run_cancel_awaiting_approval
 
-        try:
-            run_transition(run, S.CANCELLED, caller="api", actor=user, expected=S.AWAITING_HITL)
-            run_close(run.pk)
-        except TransitionLost:
-            pass  # an approval, the expiry or the sweeper moved it first; the stored request still applies
+        run_cancel_awaiting_approval(run.pk)
     run.refresh_from_db()
     return run
 

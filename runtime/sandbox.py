@@ -1,8 +1,9 @@
 """The ``linux_sandbox`` profile: the bubblewrap command line that wraps a step.
 
 Read-only view of the host, a private /tmp, the data directory hidden
-under an empty tmpfs, the step's workspace bound read-write at the same path, every namespace unshared (so no network, not
-even the host's loopback), a new session (no TIOCSTI on the caller's
+under an empty tmpfs, the step's workspace bound read-write at the same
+path, every namespace unshared (so no network, not even the host's
+loopback), a new session (no TIOCSTI on the caller's
 terminal), no capabilities, a cleared environment, and death with the
 parent. The uid is dropped by the shim *before* bubblewrap runs, so the
 kernel sees the sandbox uid (RLIMIT_NPROC counts against it and root-owned
