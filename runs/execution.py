@@ -67,9 +67,13 @@ class Claim:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
 
 
+def _step_event(run_id: int, step: Step, type_: str, message: str, data: dict | None = None) -> Event:
+    return Event(type=type_, run_id=run_id, task_id=step.step_id, handle_id=step.handle_id,
+                 timestamp=timezone.now(), message=message, data=data or {})
+
+
 def _event(run_id: int, step: Step, type_: str, message: str, data: dict | None = None) -> None:
-    Event.objects.create(type=type_, run_id=run_id, task_id=step.step_id, handle_id=step.handle_id,
-                         timestamp=timezone.now(), message=message, data=data or {})
+    _step_event(run_id, step, type_, message, data).save()
 
 
 def _enqueue(claims: list[Claim], countdown: float = 0) -> None:
@@ -92,70 +96,93 @@ def executing_started(run: Run) -> None:
     transaction.on_commit(lambda: settle_run.apply_async((run.pk,), countdown=remaining + 0.5))
 
 
+# What settle and the executor read of the run: its row is locked on every
+# decision, and its context and plan are not needed for one.
+RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "cancel_requested_at", "cancel_requested_by_id",
+              "executing_started_at", "timeout_s")
+
+
+def lock_run(run_id: int) -> Run | None:
+    """The run's row lock. Lock order, everywhere: the run, then its steps."""
+    return Run.objects.select_for_update().only(*RUN_FIELDS).filter(pk=run_id).first()
+
+
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
     """Decide the run's next move. With ``claim_one``, one ready step that
     may run here is started at once for the caller to execute in-process
     (saving a broker round trip and a transaction on a sequential plan),
     taking over the reservation of the ``handover`` handle when it can; the
     other ready steps are enqueued after commit."""
-    close = False
-    claim = None
     with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or run.state != S.EXECUTING:
-            return None
-        # Results are the bulk of a step row and settle reads every step of
-        # the run each time: they are loaded only when a failure needs one.
-        steps = list(run.steps.defer("result"))
-        by_id = {step.step_id: step for step in steps}
-        in_flight = [step for step in steps if step.run_status in IN_FLIGHT]
-        failed = [step for step in steps if step.status == StepStatus.FAILED]
-        now = timezone.now()
-
-        if run.cancel_requested_at is not None:
-            _skip_pending(run, steps, "run cancelled")
-            _cancel_queued(run, in_flight)
-            if not any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
-                run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by, expected=S.EXECUTING,
-                               trace=TraceRecord(TraceKind.RUN, {"cancelled_by": run.cancel_requested_by_id}))
-                close = True
-        elif now >= _deadline(run):
-            _skip_pending(run, steps, "run timed out")
-            _cancel_queued(run, in_flight)
-            if not any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
-                error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
-                                       source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
-                run_transition(run, S.TIMEOUT, caller="tool controller", expected=S.EXECUTING,
-                               message=error["message"], data={"layer": "harness"},
-                               trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
-                                                 error=error))
-                close = True
-        elif failed:
-            _skip_pending(run, steps, f"step {failed[0].step_id} failed")
-            if not in_flight:
-                first = failed[0]
-                error = (first.result or {}).get("error") or error_envelope(
-                    ErrorCode.UNKNOWN, f"step {first.step_id} failed", source="executor")
-                run_transition(run, S.FAILED, caller="tool controller", expected=S.EXECUTING,
-                               message=error["message"],
-                               trace=TraceRecord(TraceKind.TOOL_INVOCATION,
-                                                 {"tool": first.tool, "step": first.step_id,
-                                                  "retry_count": max(first.attempt - 1, 0)},
-                                                 error=error, step=first))
-                close = True
-        elif all(step.status == StepStatus.SUCCESS for step in steps):
-            run_transition(run, S.TRACING, caller="tool controller", expected=S.EXECUTING)
-            close = True
-        else:
-            ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
-                     and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
-            claim, claims = _dispatch(run, ready, claim_one=claim_one, handover=handover)
-            transaction.on_commit(lambda: _enqueue(claims))
+        run = lock_run(run_id)
+        claim, close = _settle_locked(run, [], claim_one=claim_one, handover=handover)
     if close:
         from runs.pipeline import run_close
 
         run_close(run_id)
     return claim
+
+
+def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str
+                   ) -> tuple[Claim | None, bool]:
+    """``run_settle`` under the run's row lock; ``events`` are the caller's
+    not yet written, committed with the decision and ahead of its own.
+    Returns the in-process claim and whether the run must now be closed."""
+    if run is None or run.state != S.EXECUTING:
+        Event.objects.bulk_create(events)
+        return None, False
+    # Results and effective plans are the bulk of a step row and settle
+    # reads every step of the run each time: a failure loads its result.
+    steps = list(Step.objects.filter(run_id=run.pk).defer("result", "effective_plan"))
+    by_id = {step.step_id: step for step in steps}
+    in_flight = [step for step in steps if step.run_status in IN_FLIGHT]
+    failed = [step for step in steps if step.status == StepStatus.FAILED]
+    now = timezone.now()
+
+    if run.cancel_requested_at is None and now < _deadline(run) and not failed and any(
+        step.status != StepStatus.SUCCESS for step in steps
+    ):
+        ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
+                 and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
+        claim, claims = _dispatch(run, ready, events, claim_one=claim_one, handover=handover)
+        transaction.on_commit(lambda: _enqueue(claims))
+        return claim, False
+
+    Event.objects.bulk_create(events)  # ahead of the events of the edge taken below
+    if run.cancel_requested_at is not None:
+        _skip_pending(run, steps, "run cancelled")
+        _cancel_queued(run, in_flight)
+        if any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
+            return None, False
+        run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by, expected=S.EXECUTING,
+                       trace=TraceRecord(TraceKind.RUN, {"cancelled_by": run.cancel_requested_by_id}))
+    elif now >= _deadline(run):
+        _skip_pending(run, steps, "run timed out")
+        _cancel_queued(run, in_flight)
+        if any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
+            return None, False
+        error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
+                               source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
+        run_transition(run, S.TIMEOUT, caller="tool controller", expected=S.EXECUTING,
+                       message=error["message"], data={"layer": "harness"},
+                       trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
+                                         error=error))
+    elif failed:
+        _skip_pending(run, steps, f"step {failed[0].step_id} failed")
+        if in_flight:
+            return None, False
+        first = failed[0]
+        error = (first.result or {}).get("error") or error_envelope(
+            ErrorCode.UNKNOWN, f"step {first.step_id} failed", source="executor")
+        run_transition(run, S.FAILED, caller="tool controller", expected=S.EXECUTING,
+                       message=error["message"],
+                       trace=TraceRecord(TraceKind.TOOL_INVOCATION,
+                                         {"tool": first.tool, "step": first.step_id,
+                                          "retry_count": max(first.attempt - 1, 0)},
+                                         error=error, step=first))
+    else:  # every step succeeded
+        run_transition(run, S.TRACING, caller="tool controller", expected=S.EXECUTING)
+    return None, True
 
 
 def _local_plan(step: Step) -> dict | None:
@@ -168,12 +195,13 @@ def _local_plan(step: Step) -> dict | None:
         return None  # refused here: the task path records the refusal
 
 
-def _dispatch(run: Run, ready: list[Step], *, claim_one: bool, handover: str) -> tuple[Claim | None, list[Claim]]:
+def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bool, handover: str
+              ) -> tuple[Claim | None, list[Claim]]:
     local, local_plan = None, None
     if claim_one:
         local, local_plan = next(((step, plan) for step in ready if (plan := _local_plan(step)) is not None),
                                  (None, None))
-    claim, claims, events = None, [], []
+    claim, claims = None, []
     now = timezone.now()
     for step in ready:
         step.handle_id = new_handle_id(step, 1)
@@ -188,9 +216,9 @@ def _dispatch(run: Run, ready: list[Step], *, claim_one: bool, handover: str) ->
                 for name, value in started.items():
                     setattr(step, name, value)
                 step.run = run
-                events += [accepted, Event(type=EventType.TASK_STARTED, run=run, task_id=step.step_id,
+                events.extend([accepted, Event(type=EventType.TASK_STARTED, run=run, task_id=step.step_id,
                                            handle_id=step.handle_id, timestamp=now, message="started",
-                                           data={"attempt": 1, "host": step.host, "plan": local_plan})]
+                                           data={"attempt": 1, "host": step.host, "plan": local_plan})])
                 reserved = bool(handover) and hand_over_reservation(handover, step)
                 claim = Claim(step.pk, 1, queue_for(step), started=step, reserved=reserved)
         elif pending.update(run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=step.handle_id):
@@ -300,14 +328,16 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
 
 
 def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
-    """Apply one attempt's result, fenced by the attempt; schedule a retry
-    or settle the run."""
+    """Apply one attempt's result, fenced by the attempt, and in the same
+    transaction schedule a retry or settle the run (under the run's row
+    lock, taken first: the same lock order as the sweeper and close)."""
     run = step.run
     finished_handle = step.handle_id  # the retry below names the next attempt's handle
     retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
              and attempt <= step.retries and timezone.now() < _deadline(run))
+    status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
     with transaction.atomic():
-        status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
+        locked = lock_run(run.pk)
         fenced = Step.objects.filter(pk=step.pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
             run_status=result["status"], result=result, finished_at=timezone.now(),
             status=StepStatus.RUNNING if retry else status, progress=100 if status == StepStatus.SUCCESS else None,
@@ -320,8 +350,8 @@ def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
             return None
         event_type = {StepRunStatus.SUCCESS: EventType.TASK_SUCCEEDED,
                       StepRunStatus.CANCELLED: EventType.TASK_CANCELLED}.get(result["status"], EventType.TASK_FAILED)
-        _event(run.pk, step, event_type, result["error"]["message"] if result["error"] else "succeeded",
-               {"attempt": attempt, "duration_ms": result["duration_ms"]})
+        events = [_step_event(run.pk, step, event_type, result["error"]["message"] if result["error"] else "succeeded",
+                              {"attempt": attempt, "duration_ms": result["duration_ms"]})]
         if retry:
             backoff = min(0.2 * 2 ** (attempt - 1), MAX_BACKOFF_S)
             next_attempt = attempt + 1
@@ -329,13 +359,19 @@ def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
             Step.objects.filter(pk=step.pk, attempt=attempt).update(
                 attempt=next_attempt, run_status=StepRunStatus.ACCEPTED, handle_id=step.handle_id
             )
-            _event(run.pk, step, EventType.TASK_RETRIED, f"retrying in {backoff:.1f}s after attempt {attempt}",
-                   {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]})
+            events.append(_step_event(run.pk, step, EventType.TASK_RETRIED,
+                                      f"retrying in {backoff:.1f}s after attempt {attempt}",
+                                      {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]}))
+            Event.objects.bulk_create(events)
             retry_claim = Claim(step.pk, next_attempt, queue_for(step))
             transaction.on_commit(lambda: release_reservation(finished_handle))
             transaction.on_commit(lambda: _enqueue([retry_claim], countdown=backoff))
             return None
-    claim = run_settle(run.pk, claim_one=True, handover=finished_handle)
+        claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle)
+    if close:
+        from runs.pipeline import run_close
+
+        run_close(run.pk)
     if claim is None or not claim.reserved:
         release_reservation(finished_handle)
     return claim

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from runs.context import assemble_context
 from runs.errors import ExecGoError
-from runs.execution import Claim, executing_started, fence_unfinished_steps, run_settle
+from runs.execution import Claim, executing_started, fence_unfinished_steps, lock_run, run_settle
 from runs.memory import memory_write
 from runs.models import AuditLog, Event, EventType, Run, Step, TraceKind
 from runs.planners import PlanningFailed, plan_run
@@ -137,6 +137,7 @@ def run_close(run_id: int) -> Run | None:
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
     cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
     with transaction.atomic():
+        lock_run(run_id)  # before the steps' rows, as everywhere
         fence_unfinished_steps(run, reason=f"run closed as {target}")
         run = run_transition(
             run, target, caller="tracer", expected=S.TRACING,
