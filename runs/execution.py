@@ -17,7 +17,7 @@ so a late result of a superseded attempt is audited and dropped.
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import transaction
@@ -62,6 +62,10 @@ class Claim:
     # the finished step's ledger reservation was handed over to it.
     started: Step | None = field(default=None, compare=False)
     reserved: bool = False
+    # The run's steps as that settle saw them, when the started attempt is
+    # the only one in flight: until it finishes nobody else dispatches, so
+    # its finish settles from these instead of reading every step again.
+    steps: list[Step] | None = field(default=None, compare=False)
 
     def runnable_here(self) -> bool:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
@@ -100,6 +104,10 @@ def executing_started(run: Run) -> None:
 # decision, and its context and plan are not needed for one.
 RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "cancel_requested_at", "cancel_requested_by_id",
               "executing_started_at", "timeout_s")
+# What settle reads of every step of the run, each time: results and
+# effective plans are the bulk of a row (a failure loads its result).
+SETTLE_STEP_FIELDS = ("id", "run_id", "step_id", "tool", "params", "depends_on", "timeout_s", "retries", "status",
+                      "run_status", "attempt", "handle_id", "requested_plan")
 
 
 def lock_run(run_id: int) -> Run | None:
@@ -123,28 +131,30 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> C
     return claim
 
 
-def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str
-                   ) -> tuple[Claim | None, bool]:
+def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str,
+                   steps: list[Step] | None = None) -> tuple[Claim | None, bool]:
     """``run_settle`` under the run's row lock; ``events`` are the caller's
     not yet written, committed with the decision and ahead of its own.
-    Returns the in-process claim and whether the run must now be closed."""
+    ``steps``: the run's steps when the caller knows them (see
+    ``Claim.steps``). Returns the in-process claim and whether the run must
+    now be closed."""
     if run is None or run.state != S.EXECUTING:
         Event.objects.bulk_create(events)
         return None, False
-    # Results and effective plans are the bulk of a step row and settle
-    # reads every step of the run each time: a failure loads its result.
-    steps = list(Step.objects.filter(run_id=run.pk).defer("result", "effective_plan"))
+    now = timezone.now()
+    going_on = run.cancel_requested_at is None and now < _deadline(run)
+    if steps is None or not going_on:
+        steps = list(Step.objects.filter(run_id=run.pk).only(*SETTLE_STEP_FIELDS))
     by_id = {step.step_id: step for step in steps}
     in_flight = [step for step in steps if step.run_status in IN_FLIGHT]
     failed = [step for step in steps if step.status == StepStatus.FAILED]
-    now = timezone.now()
 
-    if run.cancel_requested_at is None and now < _deadline(run) and not failed and any(
-        step.status != StepStatus.SUCCESS for step in steps
-    ):
+    if going_on and not failed and any(step.status != StepStatus.SUCCESS for step in steps):
         ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
                  and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
         claim, claims = _dispatch(run, ready, events, claim_one=claim_one, handover=handover)
+        if claim is not None and len(ready) == 1 and not in_flight:
+            claim = replace(claim, steps=steps)  # the claimed attempt is the only one in flight
         transaction.on_commit(lambda: _enqueue(claims))
         return claim, False
 
@@ -265,11 +275,12 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
             _event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
 
 
-def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False
-                 ) -> Claim | None:
+def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False,
+                 steps: list[Step] | None = None) -> Claim | None:
     """Run one attempt of a step to its end on this host; return the next
-    step attempt this worker should run itself, if any. ``started`` is the
-    step when settle already started the attempt for this worker."""
+    step attempt this worker should run itself, if any. ``started``,
+    ``reserved`` and ``steps`` come from the claim settle made for this
+    worker (see ``Claim``)."""
     plan_error = None
     if started is None:
         with transaction.atomic():
@@ -309,7 +320,7 @@ def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, res
     except BaseException:
         release_reservation(step.handle_id)
         raise
-    return step_finish(step, attempt, result)
+    return step_finish(step, attempt, result, steps=steps)
 
 
 def step_reattach(step_pk: int, attempt: int) -> Claim | None:
@@ -327,10 +338,12 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
     return step_finish(step, attempt, result)
 
 
-def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
+def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None = None) -> Claim | None:
     """Apply one attempt's result, fenced by the attempt, and in the same
     transaction schedule a retry or settle the run (under the run's row
-    lock, taken first: the same lock order as the sweeper and close)."""
+    lock, taken first: the same lock order as the sweeper and close).
+    ``steps``: the run's steps, known when this attempt was the only one in
+    flight (``Claim.steps``); used only when it succeeded."""
     run = step.run
     finished_handle = step.handle_id  # the retry below names the next attempt's handle
     retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
@@ -367,7 +380,11 @@ def step_finish(step: Step, attempt: int, result: dict) -> Claim | None:
             transaction.on_commit(lambda: release_reservation(finished_handle))
             transaction.on_commit(lambda: _enqueue([retry_claim], countdown=backoff))
             return None
-        claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle)
+        known = None
+        if steps is not None and status == StepStatus.SUCCESS:
+            known = [step if other.pk == step.pk else other for other in steps]
+            step.status, step.run_status = StepStatus.SUCCESS, StepRunStatus.SUCCESS
+        claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known)
     if close:
         from runs.pipeline import run_close
 
@@ -410,5 +427,6 @@ def _failed_result(step: Step, attempt: int, started, error: dict) -> dict:
 def execute_claims(claim: Claim | None) -> None:
     """Run a chain of in-process claims until settle hands back none."""
     while claim is not None:
-        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, reserved=claim.reserved)
+        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, reserved=claim.reserved,
+                             steps=claim.steps)
 
