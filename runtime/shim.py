@@ -24,17 +24,23 @@ the whole tree gets SIGTERM, then SIGKILL after ``kill_grace_s``. When the
 command exits, its output is drained for up to ``drain_grace_s`` and then
 everything it left behind is SIGKILLed: a step ends with its main process.
 
-Limits are applied in the forked child between fork and exec. That is a
-real ``fork()``, but of this small interpreter (about 10 MB), not of the
-worker; the worker itself starts the shim without ``preexec_fn``.
+Starting the command: when the plan asks only for what ``posix_spawn`` does
+itself (session, descriptors, default signals) and what the shim can carry
+for it (RLIMIT_CORE, RLIMIT_NOFILE, the working directory), the command is
+spawned (``started_by = "posix_spawn"``); CPU, file-size, process and memory
+limits, a uid drop, or a shim outside a PID namespace need code between fork
+and exec, so the command is forked (``"fork"``). That is a real ``fork()``,
+but of this small interpreter (about 10 MB), not of the worker; the worker
+itself starts the shim without ``preexec_fn``.
 
 Start-up is kept cheap: no ``json`` (its import of ``re``/``enum`` costs
 about 7 ms on a 2-core VM), no ``signal`` (imports ``enum``), no ``subprocess``; the
 C modules ``_json`` and ``_signal`` are used instead. ``ctypes`` (about
 3 ms) is loaded only for the process-scan fallback (prctl).
 
-``ru_maxrss`` is the kernel's high-water mark for the command's process,
-which includes its moments as a fork of the shim before exec (about 9 MB).
+``ru_maxrss`` is the kernel's high-water mark for the command's process;
+a forked command's includes its moments as a fork of the shim before exec
+(about 9 MB).
 """
 
 import _signal
@@ -110,6 +116,8 @@ class Supervisor:
         self.err_tail = b""
         self.pending = b""
         self.progress_fd = None
+        self.exec_pipe = None  # read end of the forked child's failure report
+        self.started_by = None  # "posix_spawn" | "fork"
         self.next_cancel_check = 0.0
         self.started_at = self.finished_at = time.time()
 
@@ -148,7 +156,8 @@ class Supervisor:
             return self.outcome()
         try:
             self._start()
-            self._supervise()
+            if hasattr(self, "main_pid"):  # else it could not be spawned (exec_error says why)
+                self._supervise()
         except BaseException:
             if hasattr(self, "main_pid") and self.main_status is None:
                 self._signal_tree(SIG.SIGKILL)
@@ -161,7 +170,6 @@ class Supervisor:
         self.logs = {}  # opened on the first byte: a silent command costs no file creation
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        exec_r, exec_w = os.pipe()
         stdin_fd = os.open(self.path(STDIN_FILE) if req.get("stdin") else os.devnull, os.O_RDONLY)
         self.pipes = {out_r: "stdout", err_r: "stderr"}
         self.pidns = os.getpid() == 1
@@ -173,28 +181,46 @@ class Supervisor:
                 proc.libc_call("prctl", proc.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             except OSError as exc:
                 self.notes.append(f"cannot become a child subreaper ({exc})")
+        self.started_at = time.time()
+        self.t0 = time.monotonic()
+        if proc.spawnable(req, self.pidns):
+            self.started_by = "posix_spawn"
+            pid, self.exec_error = proc.spawn_command(req, stdin_fd, out_w, err_w)
+        else:
+            self.started_by = "fork"
+            pid = self._fork_command(stdin_fd, out_w, err_w, out_r, err_r)
+        for fd in (out_w, err_w, stdin_fd):
+            os.close(fd)
+        if pid is None:  # nothing started: exec_error says why
+            for fd in list(self.pipes):
+                self._close_pipe(fd)
+            return
+        self.main_pid = pid
+        self.main_pidfd = os.pidfd_open(pid)
+        if self.exec_pipe is not None:
+            failure = b""
+            while chunk := os.read(self.exec_pipe, 4096):  # EOF at exec (close-on-exec) or exit
+                failure += chunk
+            os.close(self.exec_pipe)
+            if failure:
+                code, stage, message = (failure.decode(errors="replace").split("\t", 2) + ["", ""])[:3]
+                self.exec_error = {"errno": int(code or 0), "stage": stage, "message": message}
+
+    def _fork_command(self, stdin_fd, out_w, err_w, out_r, err_r):
+        """Fork a child that sets the limits and credentials, then execs;
+        a failure before exec comes back on ``self.exec_pipe``."""
+        self.exec_pipe, exec_w = os.pipe()
         # Blocked across fork: a SIGTERM aimed at the command before it has
         # reset its handlers stays pending instead of running ours in it.
         _signal.pthread_sigmask(_signal.SIG_BLOCK, [SIG.SIGTERM])
-        self.started_at = time.time()
-        self.t0 = time.monotonic()
         pid = os.fork()
         if pid == 0:
             os.close(out_r)
             os.close(err_r)
-            proc.exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig=not self.pidns)
+            proc.exec_command(self.req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig=not self.pidns)
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [SIG.SIGTERM])
-        self.main_pid = pid
-        self.main_pidfd = os.pidfd_open(pid)
-        for fd in (out_w, err_w, exec_w, stdin_fd):
-            os.close(fd)
-        failure = b""
-        while chunk := os.read(exec_r, 4096):  # EOF at exec (close-on-exec) or exit
-            failure += chunk
-        os.close(exec_r)
-        if failure:
-            code, stage, message = (failure.decode(errors="replace").split("\t", 2) + ["", ""])[:3]
-            self.exec_error = {"errno": int(code or 0), "stage": stage, "message": message}
+        os.close(exec_w)
+        return pid
 
     # main loop ----------------------------------------------------------------
     def _supervise(self):
@@ -392,6 +418,7 @@ class Supervisor:
             "stderr_truncated_bytes": self.counts["stderr"][1],
             "rusage": rusage,
             "tree_kill": self.tree_kill,
+            "started_by": self.started_by,
             "notes": self.notes,
             "shim_error": None,
         }

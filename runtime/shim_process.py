@@ -133,13 +133,77 @@ def fork_into_new_pid_namespace(own_namespace_fd):
 # --- the forked children -----------------------------------------------------
 
 
+# Python starts with SIGPIPE and SIGXFSZ ignored, and ignored signals survive
+# exec: without the reset a RLIMIT_FSIZE overrun gives EFBIG instead of the
+# SIGXFSZ that classifies it. The others are the shim's own handlers.
+CHILD_DEFAULT_SIGNALS = (SIG.SIGPIPE, SIG.SIGXFSZ, SIG.SIGXCPU, SIG.SIGTERM, SIG.SIGINT, SIG.SIGHUP, SIG.SIGUSR1,
+                         SIG.SIGCHLD)
+# Below this the shim itself could run out of descriptors if it carried the
+# limit for a spawned command (see spawnable).
+MIN_SPAWN_OPEN_FILES = 64
+
+
 def reset_signals():
-    # Python starts with SIGPIPE and SIGXFSZ ignored, and ignored signals
-    # survive exec: without this a RLIMIT_FSIZE overrun gives EFBIG instead
-    # of the SIGXFSZ that classifies it.
-    for sig in (SIG.SIGPIPE, SIG.SIGXFSZ, SIG.SIGXCPU, SIG.SIGTERM, SIG.SIGINT, SIG.SIGHUP, SIG.SIGUSR1, SIG.SIGCHLD):
+    for sig in CHILD_DEFAULT_SIGNALS:
         _signal.signal(sig, _signal.SIG_DFL)
     _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+
+
+def spawnable(req, pidns):
+    """Whether the command may be started by ``posix_spawn`` (about 0.8 ms
+    cheaper than a fork of this interpreter): nothing must happen between
+    fork and exec but what posix_spawn does itself (session, descriptors,
+    signals) and what this throwaway process can carry for the command
+    before spawning it (RLIMIT_CORE, RLIMIT_NOFILE, the working directory).
+    Credentials and CPU/file-size/process/memory limits need the fork; so
+    does a shim outside a PID namespace (PR_SET_PDEATHSIG)."""
+    limits = req.get("limits") or {}
+    if not pidns or req.get("uid") is not None:
+        return False
+    if any(limits.get(key) for key in ("cpu_seconds", "file_size_bytes", "processes", "address_space_bytes")):
+        return False
+    return int(limits.get("open_files") or MIN_SPAWN_OPEN_FILES) >= MIN_SPAWN_OPEN_FILES
+
+
+def spawn_command(req, stdin_fd, out_w, err_w):
+    """Start the command with ``posix_spawn`` -> (pid, None), or (None,
+    exec_error) when it cannot start, the same facts a forked child reports."""
+    stage = "rlimit"
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        open_files = (req.get("limits") or {}).get("open_files")
+        if open_files:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (int(open_files), int(open_files)))
+        stage = "chdir"
+        os.chdir(req["cwd"])
+        stage = "exec"
+        argv = list(req.get("sandbox_argv") or []) + list(req["argv"])
+        env = req.get("env") or {}
+        actions = [(os.POSIX_SPAWN_DUP2, stdin_fd, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                   (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        saved = last = None
+        for path in _program_paths(argv[0], env):
+            try:
+                pid = os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                                     setsigdef=CHILD_DEFAULT_SIGNALS, setsigmask=())
+                return pid, None
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                last = exc
+            except OSError as exc:
+                last = saved = saved or exc
+        raise saved or last or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    except OSError as exc:
+        return None, {"errno": exc.errno or 0, "stage": stage, "message": str(exc)}
+
+
+def _program_paths(file, env):
+    """Where exec*p would look for ``file`` with ``env``'s PATH, skipping
+    the places where nothing is (a stat is cheaper than a failed spawn)."""
+    if os.sep in file:
+        return [file]
+    path = env.get("PATH")
+    candidates = [os.path.join(directory, file) for directory in (os.defpath if path is None else path).split(os.pathsep)]
+    return [candidate for candidate in candidates if os.path.lexists(candidate)]
 
 
 def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):

@@ -195,6 +195,7 @@ def result_envelope(outcome: dict[str, Any], request: dict[str, Any], task_dir: 
         "evidence": outcome.get("evidence"),
         "exec_error": outcome.get("exec_error"),
         "tree_kill": outcome.get("tree_kill"),
+        "started_by": outcome.get("started_by"),
         "notes": outcome.get("notes") or [],
         "env_dropped": request.get("env_dropped") or [],
         "plan": request.get("plan") or {},
