@@ -76,6 +76,10 @@ def _closes_into(target: RunState):
 
 
 class Run(ConcurrentTransitionMixin, models.Model):
+    # The plan and the assembled context are the bulk of a row: the state
+    # machine's reads leave them out, and the stage that needs one loads it.
+    BULKY_FIELDS = ("plan", "context")
+
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="runs")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
     submitted_by = models.ForeignKey(

@@ -29,7 +29,7 @@ def run_advance(run_id: int) -> Claim | None:
     """Drive the run as far as it can go without outside input; once it is
     EXECUTING, dispatch its first steps and hand one back to run in-process."""
     while True:
-        run = Run.objects.filter(pk=run_id).first()
+        run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
         if run is None or run.is_final:
             return None
         if run.state == S.EXECUTING:

@@ -116,7 +116,7 @@ def run_transition(
     source = expected or ""
     try:
         with transaction.atomic():
-            run = Run.objects.select_related("job").get(pk=run_id)
+            run = Run.objects.defer(*Run.BULKY_FIELDS).get(pk=run_id)
             source = run.state
             if expected is not None and source != expected:
                 raise ConcurrentTransition(f"expected {expected}, found {source}")

@@ -113,6 +113,12 @@ def prepare(handle_id: str, *, tool: str, params: dict, timeout_s: float, attemp
     ``plan`` is the effective plan from ``resolve_plan``; a bare requested
     sandbox (``{"profile", "limits"}``) is resolved here, adaptively.
     """
+    return _prepare(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt, plan=plan)[0]
+
+
+def _prepare(handle_id: str, *, tool: str, params: dict, timeout_s: float, attempt: int, plan: dict
+             ) -> tuple[Path, dict[str, Any]]:
+    """``prepare`` -> the task directory and the request written there."""
     validate_params(tool, params)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < 7 * 86400:
         raise EnvelopeError.of("invalid_input", "timeout_s must be a positive number of seconds")
@@ -163,7 +169,7 @@ def prepare(handle_id: str, *, tool: str, params: dict, timeout_s: float, attemp
             }
         )
     _write_json_atomic(directory / shim.REQUEST_FILE, request)
-    return directory
+    return directory, request
 
 
 # --- launch ----------------------------------------------------------------------------
@@ -207,9 +213,8 @@ def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
     return pid
 
 
-def _start_shim(directory: Path) -> tuple[int, float | None, str]:
+def _start_shim(directory: Path, request: dict[str, Any]) -> tuple[int, float | None, str]:
     _reap_spawned()
-    request = _load_json(directory / shim.REQUEST_FILE) or {}
     pid_namespace = request.get("tree_kill") == "pid_namespace"
     pid, created, via = None, None, "spawn"
     if getattr(settings, "EXECGO_SHIM_FORKSERVER", True):
@@ -234,10 +239,12 @@ def _start_shim(directory: Path) -> tuple[int, float | None, str]:
     return pid, created, via
 
 
-def launch(handle_id: str) -> ShimHandle:
-    """Start the shim for a prepared handle, detached from this process."""
+def launch(handle_id: str, *, request: dict[str, Any] | None = None) -> ShimHandle:
+    """Start the shim for a prepared handle, detached from this process.
+    ``request``: the one ``prepare`` wrote, when the caller has it."""
     directory = task_dir(handle_id)
-    if not (directory / shim.REQUEST_FILE).exists():
+    request = request or _load_json(directory / shim.REQUEST_FILE)
+    if request is None:
         raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
     try:
         # One shim per handle, even when a redelivered task races the first
@@ -248,7 +255,7 @@ def launch(handle_id: str) -> ShimHandle:
             "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
         ) from None
     try:
-        pid, created, via = _start_shim(directory)
+        pid, created, via = _start_shim(directory, request)
     except BaseException:
         os.close(claim)
         os.unlink(directory / LAUNCH_FILE)  # nothing started: the handle may be launched again
@@ -301,7 +308,7 @@ def cancel(handle_id: str) -> None:
             pass
 
 
-def read_result(handle_id: str) -> dict | None:
+def read_result(handle_id: str, *, request: dict[str, Any] | None = None) -> dict | None:
     """The step result envelope if the step has finished, else None."""
     directory = task_dir(handle_id)
     raw = _load_json(directory / shim.RESULT_FILE)
@@ -309,7 +316,7 @@ def read_result(handle_id: str) -> dict | None:
         return None
     if "envelope" in raw:
         return raw["envelope"]
-    request = _load_json(directory / shim.REQUEST_FILE) or {"handle_id": handle_id}
+    request = request or _load_json(directory / shim.REQUEST_FILE) or {"handle_id": handle_id}
     return shell_tool.result_envelope(raw, request, directory)
 
 
@@ -387,14 +394,18 @@ def wait(
     cancel_requested: Callable[[], bool] | None = None,
     on_progress: Callable[[int, str], None] | None = None,
     poll_interval: float = 0.02,
+    launched: ShimHandle | None = None,
+    request: dict[str, Any] | None = None,
 ) -> dict:
     """Block until the step's result exists and return its envelope.
 
     Works for a shim started by another (possibly dead) process too: that is
-    how a restarted worker re-attaches.
+    how a restarted worker re-attaches. ``launched`` and ``request``: what
+    the caller's own ``launch`` and ``prepare`` gave, saving their reading
+    back from disk.
     """
     directory = task_dir(handle_id)
-    request = _load_json(directory / shim.REQUEST_FILE)
+    request = request or _load_json(directory / shim.REQUEST_FILE)
     if request is None:
         raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
     result_path = directory / shim.RESULT_FILE
@@ -405,13 +416,18 @@ def wait(
         + float(request.get("kill_grace_s", 0.5))
         + getattr(settings, "EXECGO_SHIM_BACKSTOP_S", 30.0)
     )
-    cancel_sent, info, pidfd = False, None, None
+    cancel_sent, pidfd = False, None
+    # A shim forked by the server is the launched process itself (one spawned
+    # under unshare is that process's child: shim.json names it).
+    info = None
+    if launched is not None and launched.via == "forkserver":
+        info = {"pid": launched.pid, "create_time": launched.create_time}
     try:
         # Wait for the shim to exit, not just for result.json: when wait()
         # returns, the step's processes are gone.
         while True:
             if pidfd is None:
-                info = _shim_info(directory)
+                info = info or _shim_info(directory)
                 pidfd = _open_pidfd(info)
                 if pidfd is None:
                     if not result_path.exists():
@@ -438,7 +454,7 @@ def wait(
         if pidfd is not None:
             os.close(pidfd)
     progress.poll()
-    result = read_result(handle_id)
+    result = read_result(handle_id, request=request)
     assert result is not None  # every path above leaves a result.json
     return result
 
@@ -460,10 +476,12 @@ def execute(
     """Run one tool call to its end and return the step result envelope."""
     started = time.time()
     try:
-        directory = prepare(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt, plan=plan)
+        directory, request = _prepare(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt,
+                                      plan=plan)
         if tool == "shell":
-            launch(handle_id)
-            return wait(handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
+            launched = launch(handle_id, request=request)
+            return wait(handle_id, cancel_requested=cancel_requested, on_progress=on_progress, launched=launched,
+                        request=request)
     except EnvelopeError as exc:
         return failed_result(handle_id, exc.envelope, attempt=attempt, started_at=started, finished_at=time.time())
     except OSError as exc:

@@ -202,8 +202,8 @@ def _program_paths(file, env):
     if os.sep in file:
         return [file]
     path = env.get("PATH")
-    candidates = [os.path.join(directory, file) for directory in (os.defpath if path is None else path).split(os.pathsep)]
-    return [candidate for candidate in candidates if os.path.lexists(candidate)]
+    directories = (os.defpath if path is None else path).split(os.pathsep)
+    return [candidate for directory in directories if os.path.lexists(candidate := os.path.join(directory, file))]
 
 
 def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
