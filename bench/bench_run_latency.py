@@ -4,7 +4,9 @@
     .venv/bin/python bench/bench_run_latency.py [--steps 40] [--repeat 7]
 
 Uses its own database (execgo_bench) and Redis db 13 unless DATABASE_URL /
-CELERY_BROKER_URL are set. Prints every sample, then the median and best.
+CELERY_BROKER_URL are set. Prints every sample with where its time went
+(POST to the first step's start, the steps, the last step's end to
+SUCCEEDED), then the median and best.
 """
 
 import argparse
@@ -58,7 +60,7 @@ def main() -> None:
     from rest_framework.test import APIClient
 
     from execgo.celery import app
-    from runs.models import Membership, Run, Tenant
+    from runs.models import Membership, Run, Step, Tenant
 
     call_command("migrate", verbosity=0)
     app.control.purge()
@@ -77,7 +79,7 @@ def main() -> None:
     try:
         plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]},
                            **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(args.steps)]}
-        samples = []
+        samples, parts = [], []
         for index in range(args.repeat + 1):  # the first run warms the worker up and is not counted
             started, started_at = time.perf_counter(), time.time()
             response = client.post("/api/v1/runs", {"plan": plan}, format="json")
@@ -95,13 +97,30 @@ def main() -> None:
                 raise SystemExit(f"run {run_id} ended {state}")
             if index:
                 samples.append(elapsed)
-                print(f"run {run_id}: {args.steps} steps POST -> SUCCEEDED in {elapsed * 1000:.1f} ms")
+                first_start, last_end = _step_span(Step, run_id)
+                part = (first_start - started_at, (last_end - first_start) / args.steps,
+                        finished_at.timestamp() - last_end)
+                parts.append(part)
+                print(f"run {run_id}: {args.steps} steps POST -> SUCCEEDED in {elapsed * 1000:.1f} ms "
+                      f"(first step started after {part[0] * 1000:.1f} ms, {part[1] * 1000:.2f} ms a step, "
+                      f"closed {part[2] * 1000:.1f} ms after the last)")
+        median_part = [statistics.median(part[i] for part in parts) * 1000 for i in range(3)]
         print(f"median {statistics.median(samples) * 1000:.1f} ms, best {min(samples) * 1000:.1f} ms "
               f"over {len(samples)} runs ({args.steps} sequential `true` steps, "
-              f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]})")
+              f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]}); "
+              f"medians: first step after {median_part[0]:.1f} ms, {median_part[1]:.2f} ms a step, "
+              f"closed {median_part[2]:.1f} ms after the last step")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+
+
+def _step_span(step_model, run_id: int) -> tuple[float, float]:
+    """When the run's first step started and its last step finished (epoch seconds)."""
+    steps = step_model.objects.filter(run_id=run_id)
+    first = steps.order_by("started_at").values_list("started_at", flat=True).first()
+    last = steps.order_by("-finished_at").values_list("finished_at", flat=True).first()
+    return first.timestamp(), last.timestamp()
 
 
 if __name__ == "__main__":

@@ -7,12 +7,17 @@ Lifecycle of a step (two layers)::
                           ▲                          │
                           └──── retry (attempt+1) ◄──┘  retryable error, attempts left
 
-``run_settle`` is the one place that decides what a running run does next:
-dispatch the steps whose dependencies succeeded, or take the run's next
-edge (TRACING, FAILED, TIMEOUT, CANCELLED). It holds the run's row lock, so
-two steps finishing together cannot both decide. ``step_execute`` runs one
-claimed attempt; every write of its result is fenced by the attempt number,
-so a late result of a superseded attempt is audited and dropped.
+Settling (``run_settle``, ``_settle_locked``) is the one place that decides
+what a running run does next: dispatch the steps whose dependencies
+succeeded, or take the run's next edge (TRACING, FAILED, TIMEOUT,
+CANCELLED). It holds the run's row lock, so two steps finishing together
+cannot both decide; every path takes the run's lock before its steps'.
+``step_execute`` runs one claimed attempt; ``step_finish`` writes its result
+fenced by the attempt number (a late result of a superseded attempt is
+audited and dropped) and settles in the same transaction.
+
+Between two steps of a sequential plan a worker commits one transaction:
+the result, the next step started, the slot handed over and their events.
 """
 
 import logging
@@ -227,8 +232,8 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
                     setattr(step, name, value)
                 step.run = run
                 events.extend([accepted, Event(type=EventType.TASK_STARTED, run=run, task_id=step.step_id,
-                                           handle_id=step.handle_id, timestamp=now, message="started",
-                                           data={"attempt": 1, "host": step.host, "plan": local_plan})])
+                                               handle_id=step.handle_id, timestamp=now, message="started",
+                                               data={"attempt": 1, "host": step.host, "plan": local_plan})])
                 reserved = bool(handover) and hand_over_reservation(handover, step)
                 claim = Claim(step.pk, 1, queue_for(step), started=step, reserved=reserved)
         elif pending.update(run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=step.handle_id):
@@ -382,8 +387,8 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
             return None
         known = None
         if steps is not None and status == StepStatus.SUCCESS:
+            step.status, step.run_status = StepStatus.SUCCESS, StepRunStatus.SUCCESS  # as just written
             known = [step if other.pk == step.pk else other for other in steps]
-            step.status, step.run_status = StepStatus.SUCCESS, StepRunStatus.SUCCESS
         claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known)
     if close:
         from runs.pipeline import run_close
