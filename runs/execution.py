@@ -387,8 +387,9 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
             return None
         known = None
         if steps is not None and status == StepStatus.SUCCESS:
-            step.status, step.run_status = StepStatus.SUCCESS, StepRunStatus.SUCCESS  # as just written
-            known = [step if other.pk == step.pk else other for other in steps]
+            # ``step`` is one of ``steps`` (the claim's started step): as just written.
+            step.status, step.run_status = StepStatus.SUCCESS, StepRunStatus.SUCCESS
+            known = steps
         claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known)
     if close:
         from runs.pipeline import run_close
