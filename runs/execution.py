@@ -28,6 +28,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from execgo import statements
 from runs.errors import ErrorCode, error_envelope
 from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.statemachine import RunState
@@ -117,7 +118,7 @@ SETTLE_STEP_FIELDS = ("id", "run_id", "step_id", "tool", "params", "depends_on",
 
 def lock_run(run_id: int) -> Run | None:
     """The run's row lock. Lock order, everywhere: the run, then its steps."""
-    return Run.objects.select_for_update().only(*RUN_FIELDS).filter(pk=run_id).first()
+    return statements.select_for_update(Run, run_id, RUN_FIELDS)
 
 
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
@@ -144,7 +145,7 @@ def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, han
     ``Claim.steps``). Returns the in-process claim and whether the run must
     now be closed."""
     if run is None or run.state != S.EXECUTING:
-        Event.objects.bulk_create(events)
+        statements.insert(events)
         return None, False
     now = timezone.now()
     going_on = run.cancel_requested_at is None and now < _deadline(run)
@@ -163,7 +164,7 @@ def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, han
         transaction.on_commit(lambda: _enqueue(claims))
         return claim, False
 
-    Event.objects.bulk_create(events)  # ahead of the events of the edge taken below
+    statements.insert(events)  # ahead of the events of the edge taken below
     if run.cancel_requested_at is not None:
         _skip_pending(run, steps, "run cancelled")
         _cancel_queued(run, in_flight)
@@ -220,14 +221,14 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
     now = timezone.now()
     for step in ready:
         step.handle_id = new_handle_id(step, 1)
-        pending = Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="")
+        pending = {"id": step.pk, "status": StepStatus.PENDING, "run_status": ""}
         accepted = Event(type=EventType.TASK_ACCEPTED, run=run, task_id=step.step_id, handle_id=step.handle_id,
                          timestamp=now, message="accepted", data={"attempt": 1})
         if step is local:
             started = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING, "attempt": 1,
                        "handle_id": step.handle_id, "host": current_host(), "started_at": now,
                        "effective_plan": local_plan}
-            if pending.update(**started):
+            if statements.update(Step, pending, started):
                 for name, value in started.items():
                     setattr(step, name, value)
                 step.run = run
@@ -236,10 +237,11 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
                                                data={"attempt": 1, "host": step.host, "plan": local_plan})])
                 reserved = bool(handover) and hand_over_reservation(handover, step)
                 claim = Claim(step.pk, 1, queue_for(step), started=step, reserved=reserved)
-        elif pending.update(run_status=StepRunStatus.ACCEPTED, attempt=1, handle_id=step.handle_id):
+        elif statements.update(Step, pending, {"run_status": StepRunStatus.ACCEPTED, "attempt": 1,
+                                               "handle_id": step.handle_id}):
             events.append(accepted)
             claims.append(Claim(step.pk, 1, queue_for(step)))
-    Event.objects.bulk_create(events)
+    statements.insert(events)
     return claim, claims
 
 
@@ -356,9 +358,11 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
     status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
     with transaction.atomic():
         locked = lock_run(run.pk)
-        fenced = Step.objects.filter(pk=step.pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
-            run_status=result["status"], result=result, finished_at=timezone.now(),
-            status=StepStatus.RUNNING if retry else status, progress=100 if status == StepStatus.SUCCESS else None,
+        fenced = statements.update(
+            Step, {"id": step.pk, "attempt": attempt, "run_status": StepRunStatus.RUNNING},
+            {"run_status": result["status"], "result": result, "finished_at": timezone.now(),
+             "status": StepStatus.RUNNING if retry else status,
+             "progress": 100 if status == StepStatus.SUCCESS else None},
         )
         if not fenced:
             AuditLog.objects.create(run_id=run.pk, tenant_id=run.tenant_id, event="stale_result_ignored",
@@ -380,7 +384,7 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
             events.append(_step_event(run.pk, step, EventType.TASK_RETRIED,
                                       f"retrying in {backoff:.1f}s after attempt {attempt}",
                                       {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]}))
-            Event.objects.bulk_create(events)
+            statements.insert(events)
             retry_claim = Claim(step.pk, next_attempt, queue_for(step))
             transaction.on_commit(lambda: release_reservation(finished_handle))
             transaction.on_commit(lambda: _enqueue([retry_claim], countdown=backoff))

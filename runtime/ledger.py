@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
+from execgo import statements
 from runtime.capabilities import capability_manifest, host_name
 from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity, Reservation
@@ -96,9 +97,8 @@ def transfer(from_handle: str, to_handle: str, *, host: str, slots: int = 1, mem
     reserve, and the slot is never free in between. False, and nothing
     changed, when there is no such reservation."""
     amounts = _amounts(slots, memory_bytes, pids)
-    return Reservation.objects.filter(handle_id=from_handle, host_id=host, **amounts).update(
-        handle_id=to_handle, reserved_at=timezone.now(), waited_ms=0
-    ) == 1
+    return statements.update(Reservation, {"handle_id": from_handle, "host_id": host, **amounts},
+                             {"handle_id": to_handle, "reserved_at": timezone.now(), "waited_ms": 0}) == 1
 
 
 def release(handle_id: str) -> bool:
