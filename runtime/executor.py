@@ -15,8 +15,11 @@ Shell steps run in a shim (see runtime/shim.py) that is started without
 session) and never is a child the worker must keep alive: if the worker is
 SIGKILLed the shim finishes, writes result.json, and a restarted worker
 re-attaches with ``shim_alive`` / ``wait`` / ``read_result``. The worker
-waits on a pidfd of the shim, so it wakes the moment the shim exits instead
-of polling for result.json. ``http`` and ``file`` run in the worker.
+that launched a shim through the fork server waits on the shim's link,
+which says ``done`` the moment result.json is written; any other waiter
+(re-attaching, or a shim spawned directly) waits on a pidfd of the shim,
+waking the moment it exits. Neither polls for result.json. ``http`` and
+``file`` run in the worker.
 
 Cancellation never goes through the broker: ``cancel`` writes the ``cancel``
 file (seen by the shim even if it starts later) and sends the shim SIGTERM.
@@ -33,7 +36,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,8 @@ class ShimHandle:
     pid: int
     create_time: float | None
     via: str  # "forkserver" | "spawn"
+    # The fork server's shims report "done" on it (see forkserver.ShimLink).
+    link: forkserver.ShimLink | None = field(default=None, compare=False)
 
 
 # --- paths and settings -------------------------------------------------------------
@@ -213,13 +218,14 @@ def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
     return pid
 
 
-def _start_shim(directory: Path, request: dict[str, Any]) -> tuple[int, float | None, str]:
+def _start_shim(directory: Path, request: dict[str, Any]
+                ) -> tuple[int, float | None, str, forkserver.ShimLink | None]:
     _reap_spawned()
     pid_namespace = request.get("tree_kill") == "pid_namespace"
-    pid, created, via = None, None, "spawn"
+    pid, created, via, link = None, None, "spawn", None
     if getattr(settings, "EXECGO_SHIM_FORKSERVER", True):
         try:
-            pid, created = forkserver.spawn_shim(
+            pid, created, link = forkserver.spawn_shim(
                 shim_python(),
                 str(tasks_dir()),
                 str(directory),
@@ -236,7 +242,7 @@ def _start_shim(directory: Path, request: dict[str, Any]) -> tuple[int, float | 
             created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             created = None  # already finished: wait() goes straight to result.json
-    return pid, created, via
+    return pid, created, via, link
 
 
 def launch(handle_id: str, *, request: dict[str, Any] | None = None) -> ShimHandle:
@@ -255,14 +261,14 @@ def launch(handle_id: str, *, request: dict[str, Any] | None = None) -> ShimHand
             "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
         ) from None
     try:
-        pid, created, via = _start_shim(directory, request)
+        pid, created, via, link = _start_shim(directory, request)
     except BaseException:
         os.close(claim)
         os.unlink(directory / LAUNCH_FILE)  # nothing started: the handle may be launched again
         raise
     with os.fdopen(claim, "w") as fh:
         fh.write(json.dumps({"pid": pid, "create_time": created, "via": via}))
-    return ShimHandle(handle_id=handle_id, pid=pid, create_time=created, via=via)
+    return ShimHandle(handle_id=handle_id, pid=pid, create_time=created, via=via, link=link)
 
 
 # --- liveness, cancel, results -------------------------------------------------------------
@@ -417,27 +423,27 @@ def wait(
         + getattr(settings, "EXECGO_SHIM_BACKSTOP_S", 30.0)
     )
     cancel_sent, pidfd = False, None
+    link = launched.link if launched is not None else None
     # A shim forked by the server is the launched process itself (one spawned
     # under unshare is that process's child: shim.json names it).
     info = None
     if launched is not None and launched.via == "forkserver":
         info = {"pid": launched.pid, "create_time": launched.create_time}
     try:
-        # Wait for the shim to exit, not just for result.json: when wait()
-        # returns, the step's processes are gone.
+        # Wait for the shim's end, not just for result.json: when wait()
+        # returns, the step's processes are gone (a shim says "done" only
+        # once it has killed and reaped them all).
         while True:
-            if pidfd is None:
+            if link is None and pidfd is None:
                 info = info or _shim_info(directory)
                 pidfd = _open_pidfd(info)
                 if pidfd is None:
                     if not result_path.exists():
                         _record_shim_failure(directory, "the shim is not running and left no result")
                     break
-            ready, _, _ = select.select([pidfd], [], [], poll_interval)
+            ready, _, _ = select.select([link or pidfd], [], [], poll_interval)
             progress.poll()
-            if ready:
-                os.close(pidfd)
-                pidfd = None
+            if ready and (link is None or link.finished()):
                 _reap_spawned()
                 if not result_path.exists():
                     _record_shim_failure(directory, "the shim exited without writing result.json")
@@ -453,6 +459,8 @@ def wait(
     finally:
         if pidfd is not None:
             os.close(pidfd)
+        if link is not None:
+            link.close()
     progress.poll()
     result = read_result(handle_id, request=request)
     assert result is not None  # every path above leaves a result.json

@@ -23,6 +23,14 @@ Clients (``runtime.executor``) call ``spawn_shim``; on any failure they start
 the shim directly instead, so the server is an optimisation, never a
 dependency. Server side: ``python -I -S runtime/forkserver.py <tasks_dir>
 <idle_s>``.
+
+The client's connection goes with the shim (a ``ShimLink``): the server
+answers ``ok <pid> <create_time>`` once it has forked, and the shim says
+``done`` on the same connection once its result.json is written, so the
+launcher wakes the moment the result exists, not once the shim and its PID
+namespace are torn down. EOF without ``done`` means the shim died first.
+Nothing depends on the link: a shim whose launcher is gone finishes all the
+same, and is re-attached by its pid.
 """
 
 import _signal
@@ -52,22 +60,62 @@ def code_version(python):
 # --- client -----------------------------------------------------------------------
 
 
-def _request(tasks_dir, line):
-    path = os.path.join(tasks_dir, SOCKET_NAME)
+class ShimLink:
+    """The launcher's end of a forked shim's connection (see the module
+    docstring). ``fileno`` makes it waitable with ``select``."""
+
+    def __init__(self, sock):
+        self.sock, self.pending, self.ended, self.done = sock, b"", False, False
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def read_reply(self):
+        """The server's answer, or "" at EOF (blocking, within the reply
+        timeout). A quick shim's ``done`` may come first: it is kept."""
+        while True:
+            while b"\n" not in self.pending:
+                chunk = self.sock.recv(256)
+                if not chunk:
+                    self.ended = True
+                    return ""
+                self.pending += chunk
+            line, _, self.pending = self.pending.partition(b"\n")
+            if line != b"done":
+                return line.decode(errors="replace").strip()
+            self.done = True
+
+    def finished(self):
+        """After ``select`` said readable: True once the shim said ``done``
+        or its end closed (it exited, or died)."""
+        if not (self.done or self.ended or b"done\n" in self.pending):
+            chunk = self.sock.recv(256)
+            self.pending += chunk
+            self.ended = not chunk
+        return self.done or self.ended or b"done\n" in self.pending
+
+    def close(self):
+        self.sock.close()
+
+
+def _connect(tasks_dir, line):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(REPLY_TIMEOUT_S)
     try:
-        sock.connect(path)
+        sock.connect(os.path.join(tasks_dir, SOCKET_NAME))
         sock.sendall(line.encode() + b"\n")
-        reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = sock.recv(256)
-            if not chunk:
-                break
-            reply += chunk
-        return reply.decode().strip()
-    finally:
+    except BaseException:
         sock.close()
+        raise
+    return ShimLink(sock)
+
+
+def _request(tasks_dir, line):
+    link = _connect(tasks_dir, line)
+    try:
+        return link.read_reply()
+    finally:
+        link.close()
 
 
 def start_server(python, tasks_dir, idle_s):
@@ -91,23 +139,46 @@ def start_server(python, tasks_dir, idle_s):
 
 
 def spawn_shim(python, tasks_dir, task_dir, *, pid_namespace, idle_s=600):
-    """Ask the server to fork a shim for task_dir -> (pid, create_time | None).
+    """Ask the server to fork a shim for task_dir -> (pid, create_time | None,
+    link); the caller owns the ``ShimLink`` and closes it.
 
     With pid_namespace the shim is forked as PID 1 of a new PID namespace.
     """
     version = code_version(python)
     isolate = "pidns" if pid_namespace else "plain"
     for attempt in range(2):
+        link = None
         try:
-            reply = _request(tasks_dir, f"run\t{version}\t{isolate}\t{task_dir}")
+            link = _connect(tasks_dir, f"run\t{version}\t{isolate}\t{task_dir}")
+            reply = link.read_reply()
         except OSError:
             reply = ""
         parts = reply.split("\t")
         if parts[0] == "ok" and len(parts) == 3:
-            return int(parts[1]), (float(parts[2]) if parts[2] != "-" else None)
+            link.sock.settimeout(None)  # waited on with select from here on
+            return int(parts[1]), (float(parts[2]) if parts[2] != "-" else None), link
+        if link is not None:
+            link.close()
+        started = _shim_started(task_dir)
+        if started is not None:  # it runs, only its answer was lost: never start a second one
+            return (*started, None)
         if attempt == 0:
             start_server(python, tasks_dir, idle_s)
     raise ForkServerUnavailable(f"no shim fork server for {tasks_dir}: {reply or 'no answer'}")
+
+
+def _shim_started(task_dir):
+    """(pid, create_time) from the shim.json of a shim that has started, else None."""
+    import json  # client side only: the server itself stays a bare interpreter
+
+    from runtime.shim import SHIM_FILE
+
+    try:
+        with open(os.path.join(task_dir, SHIM_FILE)) as fh:
+            info = json.load(fh)
+        return int(info["pid"]), info.get("create_time")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def server_pid(tasks_dir):
@@ -130,6 +201,7 @@ def stop_server(tasks_dir):
 
 
 def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_fd):
+    """Fork the shim; it keeps ``conn``, its link to the launcher."""
     if isolate:
         pid, _isolated = shim.proc.fork_into_new_pid_namespace(own_namespace_fd)
     else:
@@ -139,12 +211,11 @@ def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_f
     code = 70
     try:
         listener.close()
-        conn.close()
         os.close(lock_fd)
         os.close(own_namespace_fd)
         os.setsid()
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-        code = shim.main(task_dir, forked=True)
+        code = shim.main(task_dir, forked=True, link=conn)
     finally:
         os._exit(code)
 
@@ -175,6 +246,7 @@ def serve(tasks_dir, idle_s):
     import shim
 
     shim.proc.load_libc()
+    shim.proc.boot_time()  # read once here, inherited by every shim
     own_namespace_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
     version = code_version(sys.executable)
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
@@ -223,7 +295,7 @@ def serve(tasks_dir, idle_s):
                     created = repr(shim.proc.process_create_time(pid))
                 except (OSError, ValueError, IndexError):
                     created = "-"
-                conn.sendall(f"ok\t{pid}\t{created}\n".encode())
+                conn.sendall(f"ok\t{pid}\t{created}\n".encode())  # the shim keeps conn and says "done" on it
     finally:
         # Unlink before releasing the lock: a successor binds only under the lock.
         try:

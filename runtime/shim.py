@@ -460,11 +460,12 @@ def classify(*, reason, exec_error, exit_code, sig, rusage, limits, stderr_tail)
 # --- entry points -------------------------------------------------------------------
 
 
-def main(task_dir, *, forked=False):
+def main(task_dir, *, forked=False, link=None):
     """Supervise the step in task_dir; always leaves a result.json behind.
 
     ``forked``: called in a fork of the fork server, whose stdio is not ours;
     started by ``posix_spawn`` instead, stderr already is ``shim.err``.
+    ``link``: the launcher's connection, when forked (see forkserver.py).
     """
     task_dir = os.path.abspath(task_dir)
     if forked:
@@ -492,6 +493,11 @@ def main(task_dir, *, forked=False):
         result = supervisor.outcome() if supervisor else {"version": 1, "termination": None}
         result["shim_error"] = f"{type(exc).__name__}: {exc}"
     proc.write_json_atomic(os.path.join(task_dir, RESULT_FILE), result)
+    if link is not None:
+        try:
+            link.sendall(b"done\n")
+        except OSError:
+            pass  # the launcher is gone (SIGPIPE is ignored, as in any Python process): one re-attaches by pid
     return 0
 
 

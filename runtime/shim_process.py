@@ -75,14 +75,28 @@ def read_file(path):
         os.close(fd)
 
 
+_boot_time = None
+
+
+def boot_time():
+    """The kernel's boot time (btime), read once per process: the fork
+    server reads it before forking, so its shims never do."""
+    global _boot_time
+    if _boot_time is None:
+        for line in read_file("/proc/stat").splitlines():
+            if line.startswith(b"btime"):
+                _boot_time = float(line.split()[1])
+                break
+        else:
+            raise OSError("btime missing from /proc/stat")
+    return _boot_time
+
+
 def process_create_time(pid):
     """Seconds since the epoch, computed exactly as psutil does."""
     stat = read_file(f"/proc/{pid}/stat")
     start_ticks = int(stat[stat.rfind(b")") + 2 :].split()[19])
-    for line in read_file("/proc/stat").splitlines():
-        if line.startswith(b"btime"):
-            return float(line.split()[1]) + start_ticks / os.sysconf("SC_CLK_TCK")
-    raise OSError("btime missing from /proc/stat")
+    return boot_time() + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 # --- libc (unshare, prctl) ------------------------------------------------------

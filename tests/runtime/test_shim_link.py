@@ -1,0 +1,96 @@
+"""A shim forked by the fork server keeps its launcher's connection: the
+server answers "ok" on it once forked, the shim says "done" once its result
+is written, EOF if it dies first."""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+from runtime import executor, forkserver
+from tests.runtime.conftest import live_processes, make_plan, wait_until
+
+
+def test_the_launcher_wakes_on_done_with_the_result_written(handle):
+    executor.prepare(handle, tool="shell", params={"argv": ["echo", "hi"]}, timeout_s=5, attempt=1, plan=make_plan())
+    launched = executor.launch(handle)
+    assert (launched.via, launched.link is not None) == ("forkserver", True)
+
+    result = executor.wait(handle, launched=launched)
+
+    assert (result["status"], result["output"]["stdout"]) == ("success", "hi\n")
+    assert executor.read_result(handle) == result
+    assert launched.link.sock.fileno() == -1  # wait() closed it
+    shim = json.loads((executor.task_dir(handle) / "shim.json").read_text())
+    assert (shim["pid"], shim["create_time"]) == (launched.pid, launched.create_time)
+
+
+def test_a_shim_killed_mid_step_ends_its_link_and_the_step_fails(handle, marker):
+    plan = make_plan()
+    executor.prepare(handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1,
+                     plan=plan)
+    launched = executor.launch(handle)
+    assert launched.link is not None
+    assert wait_until(lambda: live_processes(marker) != [])
+
+    os.kill(launched.pid, signal.SIGKILL)
+    result = executor.wait(handle, launched=launched)
+
+    assert result["status"] == "failed"
+    assert result["error"]["code"] == "internal"
+    assert "without writing result.json" in result["error"]["message"]
+    if plan["tree_kill"] == "pid_namespace":  # the kernel takes the command down with its PID 1
+        assert wait_until(lambda: live_processes(marker) == [], 2)
+    else:
+        for process in live_processes(marker):
+            process.kill()
+
+
+def test_a_shim_that_started_is_never_started_twice(tmp_path):
+    # No server answers in this tasks directory, but the shim.json of a
+    # started shim is there: its answer was lost, so spawn_shim reports that
+    # shim instead of starting a server and a second one.
+    task_dir = tmp_path / "h-1"
+    task_dir.mkdir()
+    (task_dir / "shim.json").write_text(json.dumps({"pid": 4242, "create_time": 12.5, "started_at": 12.6}))
+
+    started = forkserver.spawn_shim(sys.executable, str(tmp_path), str(task_dir), pid_namespace=False)
+
+    assert started == (4242, 12.5, None)
+    assert not (tmp_path / forkserver.SOCKET_NAME).exists()
+    assert forkserver.server_pid(str(tmp_path)) is None
+
+
+def test_a_done_that_overtakes_the_servers_answer_is_kept():
+    # The server answers after fork; a quick shim's "done" can come first.
+    launcher, server = socket.socketpair()
+    try:
+        link = forkserver.ShimLink(launcher)
+        server.sendall(b"done\nok\t4242\t12.5\n")
+
+        assert link.read_reply() == "ok\t4242\t12.5"
+        assert link.finished()
+    finally:
+        launcher.close()
+        server.close()
+
+
+def test_a_link_is_finished_only_by_done_or_its_end():
+    launcher, server = socket.socketpair()
+    try:
+        link = forkserver.ShimLink(launcher)
+        server.sendall(b"ok\t4242\t12.5\n")
+        assert link.read_reply() == "ok\t4242\t12.5"
+        server.sendall(b"do")
+        assert not link.finished()
+        server.sendall(b"ne\n")
+        assert link.finished()
+    finally:
+        launcher.close()
+        server.close()
+    launcher, server = socket.socketpair()
+    link = forkserver.ShimLink(launcher)
+    server.close()  # the shim died without a word
+    assert link.finished()
+    launcher.close()
