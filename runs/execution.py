@@ -17,7 +17,9 @@ fenced by the attempt number (a late result of a superseded attempt is
 audited and dropped) and settles in the same transaction.
 
 Between two steps of a sequential plan a worker commits one transaction:
-the result, the next step started, the slot handed over and their events.
+the result, the next step started, the slot handed over and their events;
+meanwhile the fork server forks the next step's shim (a spare, started once
+that transaction has committed, closed unused if no step follows here).
 """
 
 import logging
@@ -44,9 +46,11 @@ from runs.step_runner import (
     release_reservation,
     resolve_step_plan,
     run_tool,
+    warm_shim,
 )
 from runs.transitions import TraceRecord, run_transition
 from runtime.envelopes import EnvelopeError, failed_result
+from runtime.forkserver import ShimLink
 
 S = RunState
 logger = logging.getLogger(__name__)
@@ -72,6 +76,8 @@ class Claim:
     # the only one in flight: until it finishes nobody else dispatches, so
     # its finish settles from these instead of reading every step again.
     steps: list[Step] | None = field(default=None, compare=False)
+    # A shim forked ahead for the started attempt (``warm_shim``).
+    spare: ShimLink | None = field(default=None, compare=False)
 
     def runnable_here(self) -> bool:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
@@ -283,11 +289,20 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
 
 
 def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False,
-                 steps: list[Step] | None = None) -> Claim | None:
+                 steps: list[Step] | None = None, spare: ShimLink | None = None) -> Claim | None:
     """Run one attempt of a step to its end on this host; return the next
     step attempt this worker should run itself, if any. ``started``,
-    ``reserved`` and ``steps`` come from the claim settle made for this
-    worker (see ``Claim``)."""
+    ``reserved``, ``steps`` and ``spare`` come from the claim settle made
+    for this worker (see ``Claim``)."""
+    try:
+        return _step_execute(step_pk, attempt, started=started, reserved=reserved, steps=steps, spare=spare)
+    finally:
+        if spare is not None:
+            spare.close()  # spent by the step, or unused: a spare exits when its link closes
+
+
+def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved: bool, steps: list[Step] | None,
+                  spare: ShimLink | None) -> Claim | None:
     plan_error = None
     if started is None:
         with transaction.atomic():
@@ -323,6 +338,7 @@ def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, res
                 on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
                 on_wait=lambda: _event(run.pk, step, EventType.TASK_PROGRESSED, "waiting for a free slot on "
                                        f"{step.host}", {"attempt": attempt, "waiting_for": "resources"}),
+                spare=spare,
             )
     except BaseException:
         release_reservation(step.handle_id)
@@ -351,6 +367,22 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
     lock, taken first: the same lock order as the sweeper and close).
     ``steps``: the run's steps, known when this attempt was the only one in
     flight (``Claim.steps``); used only when it succeeded."""
+    spare = None
+    if steps is not None and result["status"] == StepRunStatus.SUCCESS and any(
+        other.status == StepStatus.PENDING and not other.run_status for other in steps
+    ):
+        spare = warm_shim(step)  # the chain most likely goes on here: forked while the transaction runs
+    try:
+        claim = _step_finish(step, attempt, result, steps=steps)
+        if spare is not None and claim is not None and claim.started is not None:
+            claim, spare = replace(claim, spare=spare), None
+        return claim
+    finally:
+        if spare is not None:
+            spare.close()  # no step of this chain follows here: the spare exits
+
+
+def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None) -> Claim | None:
     run = step.run
     finished_handle = step.handle_id  # the retry below names the next attempt's handle
     retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
@@ -438,5 +470,5 @@ def execute_claims(claim: Claim | None) -> None:
     """Run a chain of in-process claims until settle hands back none."""
     while claim is not None:
         claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, reserved=claim.reserved,
-                             steps=claim.steps)
+                             steps=claim.steps, spare=claim.spare)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from runs.models import Step
 from runtime import executor, ledger, shim
 from runtime.capabilities import capability_manifest, host_name
+from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
 from runtime.plans import resolve_plan
 
@@ -82,11 +83,19 @@ def release_reservation(handle_id: str) -> None:
     ledger.release(handle_id)
 
 
+def warm_shim(step: Step) -> ShimLink | None:
+    """A shim forked ahead for the step that follows ``step`` on this
+    worker, assuming it runs with the same isolation (else it goes unused)."""
+    return executor.warm_shim(step.effective_plan or {})
+
+
 def run_tool(step: Step, *, attempt: int, timeout_s: float, reserved: bool, cancel_requested: Callable[[], bool],
-             on_progress: Callable[[int, str], None], on_wait: Callable[[], None]) -> dict:
+             on_progress: Callable[[int, str], None], on_wait: Callable[[], None],
+             spare: ShimLink | None = None) -> dict:
     """Reserve a slot on this host unless the step already holds one
-    (waiting, not failing, when there is none) and execute. The caller
-    releases the reservation once the result is recorded."""
+    (waiting, not failing, when there is none) and execute (in ``spare``,
+    a ``warm_shim``, when it fits). The caller releases the reservation
+    once the result is recorded."""
     if not reserved:
         host, amounts = current_host(), reservation_amounts(step)
         if not _reserve(host, step.handle_id, amounts):
@@ -94,7 +103,7 @@ def run_tool(step: Step, *, attempt: int, timeout_s: float, reserved: bool, canc
             ledger.wait_for_reservation(host, step.handle_id, **amounts)
     return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
                             attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
-                            on_progress=on_progress)
+                            on_progress=on_progress, spare=spare)
 
 
 LOG_STREAMS = {"stdout": shim.STDOUT_FILE, "stderr": shim.STDERR_FILE}

@@ -69,7 +69,7 @@ class ShimHandle:
     handle_id: str
     pid: int
     create_time: float | None
-    via: str  # "forkserver" | "spawn"
+    via: str  # "forkserver" | "spare" (forked by the server ahead of its step) | "spawn"
     # The fork server's shims report "done" on it (see forkserver.ShimLink).
     link: forkserver.ShimLink | None = field(default=None, compare=False)
 
@@ -218,10 +218,28 @@ def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
     return pid
 
 
-def _start_shim(directory: Path, request: dict[str, Any]
+def warm_shim(plan: dict[str, Any]) -> forkserver.ShimLink | None:
+    """A spare shim (see runtime/forkserver.py) for a step that will run
+    with ``plan``'s isolation, forked while the caller does other work; for
+    ``launch(spare=…)``. None when the fork server is not in use or not up."""
+    if not getattr(settings, "EXECGO_SHIM_FORKSERVER", True):
+        return None
+    return forkserver.spare_shim(shim_python(), str(tasks_dir()),
+                                 pid_namespace=plan.get("tree_kill") == "pid_namespace")
+
+
+def _start_shim(directory: Path, request: dict[str, Any], spare: forkserver.ShimLink | None = None
                 ) -> tuple[int, float | None, str, forkserver.ShimLink | None]:
     _reap_spawned()
     pid_namespace = request.get("tree_kill") == "pid_namespace"
+    if spare is not None:
+        if spare.pid_namespace == pid_namespace:
+            try:
+                pid, created = spare.go(str(directory))
+                return pid, created, "spare", spare
+            except forkserver.ForkServerUnavailable as exc:
+                logger.info("spare shim unavailable, starting one: %s", exc)
+        spare.close()
     pid, created, via, link = None, None, "spawn", None
     if getattr(settings, "EXECGO_SHIM_FORKSERVER", True):
         try:
@@ -245,9 +263,12 @@ def _start_shim(directory: Path, request: dict[str, Any]
     return pid, created, via, link
 
 
-def launch(handle_id: str, *, request: dict[str, Any] | None = None) -> ShimHandle:
+def launch(handle_id: str, *, request: dict[str, Any] | None = None, spare: forkserver.ShimLink | None = None
+           ) -> ShimHandle:
     """Start the shim for a prepared handle, detached from this process.
-    ``request``: the one ``prepare`` wrote, when the caller has it."""
+    ``request``: the one ``prepare`` wrote, when the caller has it.
+    ``spare``: a ``warm_shim`` to start it in; the caller closes it if this
+    raises (closing a spare that did start changes nothing for its step)."""
     directory = task_dir(handle_id)
     request = request or _load_json(directory / shim.REQUEST_FILE)
     if request is None:
@@ -261,7 +282,7 @@ def launch(handle_id: str, *, request: dict[str, Any] | None = None) -> ShimHand
             "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
         ) from None
     try:
-        pid, created, via, link = _start_shim(directory, request)
+        pid, created, via, link = _start_shim(directory, request, spare)
     except BaseException:
         os.close(claim)
         os.unlink(directory / LAUNCH_FILE)  # nothing started: the handle may be launched again
@@ -427,7 +448,7 @@ def wait(
     # A shim forked by the server is the launched process itself (one spawned
     # under unshare is that process's child: shim.json names it).
     info = None
-    if launched is not None and launched.via == "forkserver":
+    if launched is not None and launched.via in ("forkserver", "spare"):
         info = {"pid": launched.pid, "create_time": launched.create_time}
     try:
         # Wait for the shim's end, not just for result.json: when wait()
@@ -480,14 +501,17 @@ def execute(
     plan: dict,
     cancel_requested: Callable[[], bool] | None = None,
     on_progress: Callable[[int, str], None] | None = None,
+    spare: forkserver.ShimLink | None = None,
 ) -> dict:
-    """Run one tool call to its end and return the step result envelope."""
+    """Run one tool call to its end and return the step result envelope.
+    ``spare``: a ``warm_shim`` for a shell step (closed unused otherwise)."""
     started = time.time()
     try:
         directory, request = _prepare(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt,
                                       plan=plan)
         if tool == "shell":
-            launched = launch(handle_id, request=request)
+            launched = launch(handle_id, request=request, spare=spare)
+            spare = None  # started in, or closed by, launch
             return wait(handle_id, cancel_requested=cancel_requested, on_progress=on_progress, launched=launched,
                         request=request)
     except EnvelopeError as exc:
@@ -495,6 +519,9 @@ def execute(
     except OSError as exc:
         error = error_envelope("internal", f"cannot start the step: {exc}", retryable=True)
         return failed_result(handle_id, error, attempt=attempt, started_at=started, finished_at=time.time())
+    finally:
+        if spare is not None:
+            spare.close()  # unused: it exits when its link closes
 
     if cancel_requested is not None and cancel_requested():
         envelope = failed_result(

@@ -31,6 +31,12 @@ launcher wakes the moment the result exists, not once the shim and its PID
 namespace are torn down. EOF without ``done`` means the shim died first.
 Nothing depends on the link: a shim whose launcher is gone finishes all the
 same, and is re-attached by its pid.
+
+A *spare* is a shim forked before its step is known (``spare_shim``): it
+waits on its link for ``go <task_dir>`` (``ShimLink.go``), so a worker that
+knows another step will follow can have the fork done while it records the
+step that ended. A spare whose link closes (or that waits ``SPARE_WAIT_S``)
+exits without running anything.
 """
 
 import _signal
@@ -44,6 +50,7 @@ SOCKET_NAME = ".shim-server.sock"
 LOCK_NAME = ".shim-server.lock"
 LOG_NAME = ".shim-server.log"
 REPLY_TIMEOUT_S = 2.0
+SPARE_WAIT_S = 60.0
 SOURCES = ("shim.py", "shim_process.py", "forkserver.py")
 
 
@@ -64,8 +71,9 @@ class ShimLink:
     """The launcher's end of a forked shim's connection (see the module
     docstring). ``fileno`` makes it waitable with ``select``."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, *, pid_namespace=None):
         self.sock, self.pending, self.ended, self.done = sock, b"", False, False
+        self.pid_namespace = pid_namespace  # a spare's isolation
 
     def fileno(self):
         return self.sock.fileno()
@@ -94,11 +102,26 @@ class ShimLink:
             self.ended = not chunk
         return self.done or self.ended or b"done\n" in self.pending
 
+    def go(self, task_dir):
+        """Hand a spare its step -> (pid, create_time | None). Raises
+        ForkServerUnavailable, with nothing started, when the spare is not
+        there: the caller closes the link and starts a shim the usual way."""
+        try:
+            parts = self.read_reply().split("\t")
+            if parts[0] != "ok" or len(parts) != 3:
+                raise ForkServerUnavailable(f"no spare shim: {'/'.join(parts) or 'no answer'}")
+            # Only a whole line starts it: a spare that reads part of one and then EOF exits.
+            self.sock.sendall(f"go\t{task_dir}\n".encode())
+        except OSError as exc:
+            raise ForkServerUnavailable(f"no spare shim: {exc}") from None
+        self.sock.settimeout(None)
+        return int(parts[1]), (float(parts[2]) if parts[2] != "-" else None)
+
     def close(self):
         self.sock.close()
 
 
-def _connect(tasks_dir, line):
+def _connect(tasks_dir, line, **link):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(REPLY_TIMEOUT_S)
     try:
@@ -107,7 +130,7 @@ def _connect(tasks_dir, line):
     except BaseException:
         sock.close()
         raise
-    return ShimLink(sock)
+    return ShimLink(sock, **link)
 
 
 def _request(tasks_dir, line):
@@ -167,6 +190,16 @@ def spawn_shim(python, tasks_dir, task_dir, *, pid_namespace, idle_s=600):
     raise ForkServerUnavailable(f"no shim fork server for {tasks_dir}: {reply or 'no answer'}")
 
 
+def spare_shim(python, tasks_dir, *, pid_namespace):
+    """Ask for a spare (see the module docstring) without waiting for it ->
+    its ShimLink, or None when no server listens (a spare never starts one)."""
+    isolate = "pidns" if pid_namespace else "plain"
+    try:
+        return _connect(tasks_dir, f"spare\t{code_version(python)}\t{isolate}", pid_namespace=pid_namespace)
+    except OSError:
+        return None
+
+
 def _shim_started(task_dir):
     """(pid, create_time) from the shim.json of a shim that has started, else None."""
     import json  # client side only: the server itself stays a bare interpreter
@@ -201,7 +234,8 @@ def stop_server(tasks_dir):
 
 
 def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_fd):
-    """Fork the shim; it keeps ``conn``, its link to the launcher."""
+    """Fork the shim; it keeps ``conn``, its link to the launcher. A spare
+    (``task_dir`` None) first waits on it for its step."""
     if isolate:
         pid, _isolated = shim.proc.fork_into_new_pid_namespace(own_namespace_fd)
     else:
@@ -215,9 +249,29 @@ def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_f
         os.close(own_namespace_fd)
         os.setsid()
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-        code = shim.main(task_dir, forked=True, link=conn)
+        if task_dir is None:
+            task_dir = _await_go(conn)
+        code = shim.main(task_dir, forked=True, link=conn) if task_dir else 0
     finally:
         os._exit(code)
+
+
+def _await_go(conn):
+    """A spare's step: the task directory of ``go <task_dir>``, or None when
+    the link closes (or stays silent for SPARE_WAIT_S) before a whole line."""
+    conn.settimeout(SPARE_WAIT_S)
+    received = b""
+    try:
+        while b"\n" not in received:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return None
+            received += chunk
+    except OSError:
+        return None
+    conn.settimeout(REPLY_TIMEOUT_S)
+    command, _, task_dir = received.partition(b"\n")[0].decode(errors="replace").partition("\t")
+    return task_dir if command == "go" and task_dir else None
 
 
 def serve(tasks_dir, idle_s):
@@ -275,7 +329,7 @@ def serve(tasks_dir, idle_s):
                 if command == "ping":
                     conn.sendall(f"pong\t{os.getpid()}\t{version}\n".encode())
                     continue
-                if command != "run":
+                if command not in ("run", "spare"):
                     conn.sendall(b"error\tunknown command\n")
                     continue
                 client_version, _, rest = rest.partition("\t")
@@ -283,11 +337,12 @@ def serve(tasks_dir, idle_s):
                 if client_version != version:
                     conn.sendall(b"stale\n")
                     break
-                if not os.path.isfile(os.path.join(task_dir, shim.REQUEST_FILE)):
+                if command == "run" and not os.path.isfile(os.path.join(task_dir, shim.REQUEST_FILE)):
                     conn.sendall(b"error\tno request.json\n")
                     continue
                 try:
-                    pid = _fork_shim(shim, task_dir, isolate == "pidns", own_namespace_fd, listener, conn, lock_fd)
+                    pid = _fork_shim(shim, task_dir if command == "run" else None, isolate == "pidns",
+                                     own_namespace_fd, listener, conn, lock_fd)
                 except OSError as exc:
                     conn.sendall(f"error\tfork failed: {exc}\n".encode())
                     continue

@@ -1,12 +1,15 @@
 """A shim forked by the fork server keeps its launcher's connection: the
 server answers "ok" on it once forked, the shim says "done" once its result
-is written, EOF if it dies first."""
+is written, EOF if it dies first. A spare is forked before its step and
+starts it on "go", or exits when its link closes."""
 
 import json
 import os
 import signal
 import socket
 import sys
+
+import psutil
 
 from runtime import executor, forkserver
 from tests.runtime.conftest import live_processes, make_plan, wait_until
@@ -94,3 +97,71 @@ def test_a_link_is_finished_only_by_done_or_its_end():
     server.close()  # the shim died without a word
     assert link.finished()
     launcher.close()
+
+
+
+def ensure_server() -> None:
+    forkserver.start_server(executor.shim_python(), str(executor.tasks_dir()), 600)
+
+
+def spare_pid(spare: forkserver.ShimLink) -> int:
+    """The pid the server reported for a spare (reading its answer, as ``go`` does)."""
+    return int(spare.read_reply().split("\t")[1])
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_spare_runs_the_step_it_is_handed(handle):
+    ensure_server()
+    plan = make_plan()
+    spare = executor.warm_shim(plan)
+    assert spare is not None
+    executor.prepare(handle, tool="shell", params={"argv": ["echo", "spare"]}, timeout_s=5, attempt=1, plan=plan)
+
+    launched = executor.launch(handle, spare=spare)
+    result = executor.wait(handle, launched=launched)
+
+    assert (launched.via, launched.link) == ("spare", spare)
+    assert (result["status"], result["output"]["stdout"]) == ("success", "spare\n")
+    assert json.loads((executor.task_dir(handle) / "shim.json").read_text())["pid"] == launched.pid
+    assert json.loads((executor.task_dir(handle) / "launch.json").read_text())["via"] == "spare"
+
+
+def test_a_spare_closed_unused_exits_having_touched_nothing():
+    ensure_server()
+    before = sorted(executor.tasks_dir().iterdir())
+    spare = executor.warm_shim(make_plan())
+    pid = spare_pid(spare)
+    assert running(pid)
+
+    spare.close()
+
+    assert wait_until(lambda: not running(pid))
+    assert sorted(executor.tasks_dir().iterdir()) == before
+
+
+def test_a_spare_of_another_isolation_is_left_unused(handle):
+    ensure_server()
+    spare = executor.warm_shim(make_plan(tree_kill="process_scan"))
+    plan = make_plan()
+    executor.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=plan)
+
+    launched = executor.launch(handle, spare=spare)
+    result = executor.wait(handle, launched=launched)
+
+    assert result["status"] == "success"
+    if plan["tree_kill"] == "pid_namespace":
+        assert launched.via == "forkserver"
+        assert spare.sock.fileno() == -1  # launch closed it: the spare exits
+
+
+def test_no_spare_without_a_server(tmp_path, settings):
+    settings.EXECGO_TASKS_DIR = str(tmp_path)
+
+    assert executor.warm_shim(make_plan()) is None
+    assert not (tmp_path / forkserver.SOCKET_NAME).exists()
