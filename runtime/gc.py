@@ -5,7 +5,7 @@ their retention; this module only deletes files. ``request.json``,
 ``result.json`` and the small bookkeeping files stay, so a result can still
 be read back after its logs are gone; Run, Trace and AuditLog rows live in
 the database and are never touched here. A handle whose shim is still
-running is skipped, whatever the caller says.
+running (no result yet) is skipped, whatever the caller says.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def purge_task_dirs(handle_ids: Iterable[str]) -> list[str]:
             directory = task_dir(handle_id)
         except EnvelopeError:
             continue  # not a handle id: never build a path from it
-        if not directory.is_dir() or shim_alive(handle_id):
+        if not directory.is_dir():
             continue
+        if not (directory / shim.RESULT_FILE).exists() and shim_alive(handle_id):
+            continue  # still running (a shim that wrote its result is only exiting: its step's processes are gone)
         for name in (WORKSPACE_DIR, *PURGED_FILES):
             path = directory / name
             if os.path.lexists(path) and _remove(path):
