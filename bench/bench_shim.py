@@ -4,6 +4,9 @@ Run: .venv/bin/python bench/bench_shim.py [iterations]
 
 Prints median and p95 wall time per step for
   - bare:        os.posix_spawn("/bin/true") + waitpid
+  - spare:       runtime.executor launch + wait in a spare shim the fork
+                 server forked while the step was prepared (what a
+                 sequential chain does between its steps)
   - forkserver:  runtime.executor prepare + launch (fork server) + wait
   - spawn:       the same with a fresh `python -I -S shim.py` per step
 and the shim overhead (path minus bare). prepare (writing request.json) is
@@ -52,16 +55,17 @@ def bench_bare(n):
     return samples
 
 
-def bench_shim(n, plan, *, use_forkserver):
+def bench_shim(n, plan, *, use_forkserver, use_spare=False):
     settings.EXECGO_SHIM_FORKSERVER = use_forkserver
     prepare_ms, step_ms = [], []
     for _ in range(n):
         handle = f"bench-{uuid.uuid4().hex[:12]}"
+        spare = executor.warm_shim(plan) if use_spare else None
         start = time.perf_counter()
         executor.prepare(handle, tool="shell", params={"argv": ["/bin/true"]}, timeout_s=30, attempt=1, plan=plan)
         prepared = time.perf_counter()
-        executor.launch(handle)
-        result = executor.wait(handle)
+        launched = executor.launch(handle, spare=spare)
+        result = executor.wait(handle, launched=launched)
         done = time.perf_counter()
         if result["status"] != "success":
             raise SystemExit(f"bench step failed: {result['error']}")
@@ -77,8 +81,9 @@ def main():
     bench_shim(10, plan, use_forkserver=True)  # warm up: start the fork server, fill caches
     bare_med, bare_p95 = summary(bench_bare(n))
     print(f"{'bare posix_spawn true':<28} median {bare_med:6.2f} ms   p95 {bare_p95:6.2f} ms")
-    for label, use_forkserver in (("shim via fork server", True), ("shim via python -I -S", False)):
-        prepare_ms, step_ms = bench_shim(n, plan, use_forkserver=use_forkserver)
+    for label, use_forkserver, use_spare in (("shim in a spare", True, True), ("shim via fork server", True, False),
+                                             ("shim via python -I -S", False, False)):
+        prepare_ms, step_ms = bench_shim(n, plan, use_forkserver=use_forkserver, use_spare=use_spare)
         med, p95 = summary(step_ms)
         prep_med, _ = summary(prepare_ms)
         print(
