@@ -10,6 +10,7 @@ import socket
 import sys
 
 import psutil
+import pytest
 
 from runtime import executor, forkserver
 from tests.runtime.conftest import live_processes, make_plan, wait_until
@@ -65,39 +66,40 @@ def test_a_shim_that_started_is_never_started_twice(tmp_path):
     assert forkserver.server_pid(str(tmp_path)) is None
 
 
-def test_a_done_that_overtakes_the_servers_answer_is_kept():
-    # The server answers after fork; a quick shim's "done" can come first.
+@pytest.fixture
+def linked():
+    """A ShimLink and the server's end of its connection (a socket pair)."""
     launcher, server = socket.socketpair()
-    try:
-        link = forkserver.ShimLink(launcher)
-        server.sendall(b"done\nok\t4242\t12.5\n")
-
-        assert link.read_reply() == "ok\t4242\t12.5"
-        assert link.finished()
-    finally:
-        launcher.close()
-        server.close()
-
-
-def test_a_link_is_finished_only_by_done_or_its_end():
-    launcher, server = socket.socketpair()
-    try:
-        link = forkserver.ShimLink(launcher)
-        server.sendall(b"ok\t4242\t12.5\n")
-        assert link.read_reply() == "ok\t4242\t12.5"
-        server.sendall(b"do")
-        assert not link.finished()
-        server.sendall(b"ne\n")
-        assert link.finished()
-    finally:
-        launcher.close()
-        server.close()
-    launcher, server = socket.socketpair()
-    link = forkserver.ShimLink(launcher)
-    server.close()  # the shim died without a word
-    assert link.finished()
+    yield forkserver.ShimLink(launcher), server
     launcher.close()
+    server.close()
 
+
+def test_a_done_that_overtakes_the_servers_answer_is_kept(linked):
+    # The server answers after fork; a quick shim's "done" can come first.
+    link, server = linked
+    server.sendall(b"done\nok\t4242\t12.5\n")
+
+    assert link.read_reply() == "ok\t4242\t12.5"
+    assert link.finished()
+
+
+def test_a_link_is_finished_by_done_not_by_part_of_it(linked):
+    link, server = linked
+    server.sendall(b"ok\t4242\t12.5\n")
+    assert link.read_reply() == "ok\t4242\t12.5"
+
+    server.sendall(b"do")
+    assert not link.finished()
+    server.sendall(b"ne\n")
+    assert link.finished()
+
+
+def test_a_link_is_finished_by_its_end(linked):
+    link, server = linked
+    server.close()  # the shim died without a word
+
+    assert link.finished()
 
 
 def ensure_server() -> None:
