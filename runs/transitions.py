@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
+from execgo import statements
 from runs.models import AuditLog, Event, EventType, Job, Run, Step, Trace, TraceKind
 from runs.statemachine import (
     FINAL,
@@ -168,26 +169,27 @@ def _record(run: Run, source: str, target: str, now, *, caller, actor, forced_by
     if trace is not None:
         traces.append(Trace(run=run, kind=trace.kind, from_state=source, to_state=target, step=trace.step,
                             data=trace.data, error=trace.error))
-    Trace.objects.bulk_create(traces)
-    Event.objects.create(
+    # Every transition writes these four: compiled statements (see execgo/statements.py).
+    statements.insert(traces)
+    statements.insert([Event(
         type=EventType.RUN_STATE_CHANGED, run=run, timestamp=now, message=message or f"{source} → {target}",
         data={"from": source, "to": target, "closing_cause": run.closing_cause},
-    )
-    AuditLog.objects.create(
+    )])
+    statements.insert([AuditLog(
         run=run, tenant_id=run.tenant_id, event=audit_event or FINAL_AUDIT_EVENT.get(target, "state_changed"),
         actor=_user_or_none(actor), caller=caller, forced_by=forced_by, from_state=source, to_state=target,
         data=data,
-    )
+    )])
     # The projection follows the job's latest run only: an older run of the
     # same job is final and can no longer move, but never let it overwrite.
-    Job.objects.filter(pk=run.job_id, latest_run_id=run.pk).update(
-        status=job_status_for(target),
-        run_state_snapshot={
+    statements.update(Job, {"id": run.job_id, "latest_run_id": run.pk}, {
+        "status": job_status_for(target),
+        "run_state_snapshot": {
             "run_id": run.pk, "state": target, "closing_cause": run.closing_cause,
             "last_state_change_at": now.isoformat(),
         },
-        updated_at=now,
-    )
+        "updated_at": now,
+    })
 
 
 def _user_or_none(actor: Any):
