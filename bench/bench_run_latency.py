@@ -6,7 +6,9 @@
 Uses its own database (execgo_bench) and Redis db 13 unless DATABASE_URL /
 CELERY_BROKER_URL are set. Prints every sample with where its time went
 (POST to the first step's start, the steps, the last step's end to
-SUCCEEDED), then the median and best.
+SUCCEEDED), then the median and best, and a reference for the machine's
+speed at the time: a bare posix_spawn + wait of /bin/true, before and after
+(small VMs change speed from minute to minute; compare figures with it).
 """
 
 import argparse
@@ -31,6 +33,16 @@ os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 # final transition's transaction), so the poll can be slow: a tight poll
 # would take CPU from the worker and the database on a small machine.
 POLL_S = 0.05
+
+
+def spawn_reference_ms(n: int = 300) -> float:
+    """Median wall time of a bare posix_spawn + wait of /bin/true."""
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], {}), 0)
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
 
 
 def ensure_database(url: str) -> None:
@@ -80,6 +92,7 @@ def main() -> None:
         plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]},
                            **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(args.steps)]}
         samples, parts = [], []
+        reference_before = spawn_reference_ms()
         for index in range(args.repeat + 1):  # the first run warms the worker up and is not counted
             started, started_at = time.perf_counter(), time.time()
             response = client.post("/api/v1/runs", {"plan": plan}, format="json")
@@ -110,6 +123,8 @@ def main() -> None:
               f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]}); "
               f"medians: first step after {median_part[0]:.1f} ms, {median_part[1]:.2f} ms a step, "
               f"closed {median_part[2]:.1f} ms after the last step")
+        print(f"machine reference: bare posix_spawn + wait of /bin/true {reference_before:.2f} ms before, "
+              f"{spawn_reference_ms():.2f} ms after")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
