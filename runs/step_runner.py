@@ -7,11 +7,13 @@ nothing of runs.
 """
 
 import secrets
+import time
 from collections.abc import Callable
 
 from runs.models import Step
 from runtime import executor, ledger, shim
 from runtime.capabilities import capability_manifest, host_name
+from runtime.envelopes import EnvelopeError, error_envelope, failed_result
 from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
 from runtime.plans import resolve_plan
@@ -119,6 +121,14 @@ def step_log_path(step: Step, stream: str):
 
 def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: Callable[[int, str], None]) -> dict:
     """Wait for a shim a previous worker started; a shim that is gone
-    without a result yields an ``internal`` error envelope."""
-    return executor.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
+    without a result yields an ``internal`` error envelope. So does an
+    attempt whose worker died between claiming and preparing it (retryable:
+    nothing ran)."""
+    try:
+        return executor.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
+    except EnvelopeError as exc:
+        error = error_envelope("internal", f"the attempt was claimed but never started: {exc.envelope['message']}",
+                               retryable=True, details={"handle_id": step.handle_id})
+        started = step.started_at.timestamp() if step.started_at else time.time()
+        return failed_result(step.handle_id, error, attempt=step.attempt, started_at=started)
 

@@ -1,0 +1,53 @@
+"""A worker that dies between claiming an attempt (the step is running in
+the database) and preparing it on disk leaves nothing to re-attach to: the
+restarted worker fails that attempt as retryable, instead of leaving the
+step running until the run's deadline."""
+
+import pytest
+from django.utils import timezone
+
+from runs.execution import step_reattach
+from runs.models import AuditLog, Run, Step, StepRunStatus, StepStatus
+from runs.step_runner import current_host, new_handle_id
+from runtime import executor
+from tests.conftest import purge_broker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed_but_never_prepared(make_run, *, retries: int) -> Step:
+    run = make_run("EXECUTING")
+    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]},
+                               timeout_s=5, retries=retries)
+    Step.objects.filter(pk=step.pk).update(status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, attempt=1,
+                                           handle_id=new_handle_id(step, 1), host=current_host(),
+                                           started_at=timezone.now())
+    step.refresh_from_db()
+    assert not executor.task_dir(step.handle_id).exists()
+    return step
+
+
+def test_the_attempt_fails_as_retryable_and_the_run_goes_on(make_run):
+    step = claimed_but_never_prepared(make_run, retries=0)
+
+    assert step_reattach(step.pk, 1) is None
+
+    step.refresh_from_db()
+    assert (step.status, step.run_status) == (StepStatus.FAILED, StepRunStatus.FAILED)
+    assert step.result["error"]["code"] == "internal"
+    assert step.result["error"]["retryable"] is True
+    assert "never started" in step.result["error"]["message"]
+    assert Run.objects.get(pk=step.run_id).state == "CLOSED_FAILED"
+    assert AuditLog.objects.filter(run_id=step.run_id, event="step_reattached",
+                                   data__status=StepRunStatus.FAILED).exists()
+
+
+def test_a_step_with_retries_left_is_retried(make_run):
+    step = claimed_but_never_prepared(make_run, retries=1)
+
+    step_reattach(step.pk, 1)
+    purge_broker()  # the retry was enqueued; this test only reads the claim
+
+    step.refresh_from_db()
+    assert (step.status, step.run_status, step.attempt) == (StepStatus.RUNNING, StepRunStatus.ACCEPTED, 2)
+    assert Run.objects.get(pk=step.run_id).state == "EXECUTING"
