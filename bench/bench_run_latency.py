@@ -4,15 +4,19 @@
     .venv/bin/python bench/bench_run_latency.py [--steps 40] [--repeat 7]
 
 Uses its own database (execgo_bench) and Redis db 13 unless DATABASE_URL /
-CELERY_BROKER_URL are set. Prints every sample with where its time went
+CELERY_BROKER_URL are set; its own database and data directory start empty
+every time (what earlier runs left, memories and task directories included,
+would change the figure). Prints every sample with where its time went
 (POST to the first step's start, the steps, the last step's end to
-SUCCEEDED), then the median and best, and a reference for the machine's
-speed at the time: a bare posix_spawn + wait of /bin/true, before and after
-(small VMs change speed from minute to minute; compare figures with it).
+SUCCEEDED), then the median and best, and references for the machine's
+speed at the time, before and after: a bare posix_spawn + wait of /bin/true
+and a PostgreSQL round trip (small VMs change speed from minute to minute;
+compare figures with them).
 """
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -22,9 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo_bench")
+OWN_DATABASE = "postgres://postgres@127.0.0.1:5432/execgo_bench"
+OWN_DATA_DIR = ROOT / "var" / "bench"
+os.environ.setdefault("DATABASE_URL", OWN_DATABASE)
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
-os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench"))
+os.environ.setdefault("EXECGO_DATA_DIR", str(OWN_DATA_DIR))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
 os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 
@@ -35,17 +41,26 @@ os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 POLL_S = 0.05
 
 
-def spawn_reference_ms(n: int = 300) -> float:
-    """Median wall time of a bare posix_spawn + wait of /bin/true."""
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], {}), 0)
-        samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
+def machine_reference(n: int = 300) -> str:
+    """Medians of a bare posix_spawn + wait of /bin/true and of a database
+    round trip (``SELECT 1``)."""
+    from django.db import connection
+
+    spawn, round_trip = [], []
+    with connection.cursor() as cursor:
+        for _ in range(n):
+            start = time.perf_counter()
+            os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], {}), 0)
+            spawn.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+            round_trip.append((time.perf_counter() - start) * 1_000_000)
+    return f"spawn of true {statistics.median(spawn):.2f} ms, database round trip {statistics.median(round_trip):.0f} µs"
 
 
 def ensure_database(url: str) -> None:
+    """Create the database if needed; the bench's own one is made anew."""
     if not url.startswith("postgres"):
         return
     import psycopg
@@ -53,8 +68,21 @@ def ensure_database(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     admin_url = url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin_url, autocommit=True) as conn:
+        if url == OWN_DATABASE:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def empty_data_dir(path: Path) -> None:
+    """The bench's own data directory starts empty (its fork server stopped first)."""
+    if path != OWN_DATA_DIR:
+        return
+    from runtime import forkserver
+
+    forkserver.stop_server(str(path / "tasks"))
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
 
 
 def main() -> None:
@@ -64,6 +92,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ensure_database(os.environ["DATABASE_URL"])
+    empty_data_dir(Path(os.environ["EXECGO_DATA_DIR"]))
     import django
 
     django.setup()
@@ -92,7 +121,7 @@ def main() -> None:
         plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]},
                            **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(args.steps)]}
         samples, parts = [], []
-        reference_before = spawn_reference_ms()
+        reference_before = machine_reference()
         for index in range(args.repeat + 1):  # the first run warms the worker up and is not counted
             started, started_at = time.perf_counter(), time.time()
             response = client.post("/api/v1/runs", {"plan": plan}, format="json")
@@ -123,8 +152,7 @@ def main() -> None:
               f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]}); "
               f"medians: first step after {median_part[0]:.1f} ms, {median_part[1]:.2f} ms a step, "
               f"closed {median_part[2]:.1f} ms after the last step")
-        print(f"machine reference: bare posix_spawn + wait of /bin/true {reference_before:.2f} ms before, "
-              f"{spawn_reference_ms():.2f} ms after")
+        print(f"machine reference before: {reference_before}; after: {machine_reference()}")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
