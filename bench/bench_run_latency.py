@@ -5,8 +5,8 @@
 
 Uses its own database (execgo_bench) and Redis db 13 unless DATABASE_URL /
 CELERY_BROKER_URL are set. The database is kept from one invocation to the
-next, as a deployment's is (freshly created tables measured markedly slower
-here until they held some hundred runs). Prints every sample with where its time went
+next, as a deployment's is (dropping and re-creating it right before each
+invocation measured markedly slower here). Prints every sample with where its time went
 (POST to the first step's start, the steps, the last step's end to
 SUCCEEDED), then the median and best, and references for the machine's
 speed at the time, before and after: a bare posix_spawn + wait of /bin/true
