@@ -97,7 +97,10 @@ class ShimLink:
         """After ``select`` said readable: True once the shim said ``done``
         or its end closed (it exited, or died)."""
         if not (self.done or self.ended or b"done\n" in self.pending):
-            chunk = self.sock.recv(256)
+            try:
+                chunk = self.sock.recv(256)
+            except ConnectionError:  # a reset is an end too
+                chunk = b""
             self.pending += chunk
             self.ended = not chunk
         return self.done or self.ended or b"done\n" in self.pending
