@@ -33,7 +33,7 @@ def insert(objs: list[Model]) -> None:
     if not objs:
         return
     model = type(objs[0])
-    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    fields = _insert_fields(model)
     batch = connection.ops.bulk_batch_size(fields, objs) or len(objs)
     with connection.cursor() as cursor:
         for start in range(0, len(objs), batch):
@@ -74,8 +74,13 @@ def _update_sql(model: type[Model], set_names: tuple[str, ...], where_names: tup
 
 
 @lru_cache(maxsize=None)
+def _insert_fields(model: type[Model]) -> list:
+    return [field for field in model._meta.concrete_fields if not field.primary_key]
+
+
+@lru_cache(maxsize=None)
 def _insert_sql(model: type[Model], rows: int, vendor: str) -> str:
-    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    fields = _insert_fields(model)
     columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     return f"INSERT INTO {_table(model)} ({columns}) VALUES {', '.join([row] * rows)}"

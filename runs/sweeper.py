@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.errors import ErrorCode, error_envelope
-from runs.execution import fence_unfinished_steps
+from runs.execution import fence_unfinished_steps, lock_run
 from runs.models import AuditLog, Run, TraceKind
 from runs.pipeline import run_close
 from runs.statemachine import FINAL, TRANSIENT, ZOMBIE_SWEEPER, RunState
@@ -89,7 +89,8 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
                 # The row lock keeps every other writer out, so the fence and the
                 # transition commit together or not at all: attempts still running
                 # are superseded from this moment, their late results audited.
-                still_stuck = Run.objects.select_for_update().filter(pk=run.pk, state=stuck_in).exists()
+                locked = lock_run(run.pk)
+                still_stuck = locked is not None and locked.state == stuck_in
                 if still_stuck:
                     fence_unfinished_steps(run, reason=f"run forced from {stuck_in} to {target} "
                                                        "by the zombie sweeper")

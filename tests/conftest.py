@@ -195,7 +195,6 @@ def log_tails(*workers: WorkerProcess, size: int = 4000) -> str:
                    for worker in workers if worker.log_path.exists())
 
 
-
 def purge_broker() -> None:
     from execgo.celery import app
 

@@ -1,6 +1,8 @@
 import pytest
+from django.utils import timezone
 
-from runs.models import Run, Step
+from runs.models import Run, Step, StepRunStatus, StepStatus
+from runs.step_runner import current_host, new_handle_id, resolve_step_plan
 
 
 @pytest.fixture
@@ -18,3 +20,14 @@ def run_with(make_run):
         return run
 
     return factory
+
+
+def start_attempt(step: Step) -> Step:
+    """Test factory: mark ``step``'s first attempt as running on this host,
+    as settle's claim does (handle, host, effective plan, start time), and
+    return it re-read with its run."""
+    Step.objects.filter(pk=step.pk).update(
+        status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, attempt=1, handle_id=new_handle_id(step, 1),
+        host=current_host(), effective_plan=resolve_step_plan(step), started_at=timezone.now(),
+    )
+    return Step.objects.select_related("run").get(pk=step.pk)

@@ -4,25 +4,20 @@ restarted worker fails that attempt as retryable, instead of leaving the
 step running until the run's deadline."""
 
 import pytest
-from django.utils import timezone
 
 from runs.execution import step_reattach
 from runs.models import AuditLog, Run, Step, StepRunStatus, StepStatus
-from runs.step_runner import current_host, new_handle_id
 from runtime import executor
 from tests.conftest import purge_broker
+from tests.runs.conftest import start_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def claimed_but_never_prepared(make_run, *, retries: int) -> Step:
     run = make_run("EXECUTING")
-    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]},
-                               timeout_s=5, retries=retries)
-    Step.objects.filter(pk=step.pk).update(status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, attempt=1,
-                                           handle_id=new_handle_id(step, 1), host=current_host(),
-                                           started_at=timezone.now())
-    step.refresh_from_db()
+    step = start_attempt(Step.objects.create(run=run, step_id="a", position=0, tool="shell",
+                                             params={"argv": ["true"]}, timeout_s=5, retries=retries))
     assert not executor.task_dir(step.handle_id).exists()
     return step
 

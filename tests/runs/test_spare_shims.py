@@ -9,12 +9,12 @@ import pytest
 from django.utils import timezone
 
 from runs.execution import execute_claims, step_finish
-from runs.models import Run, Step, StepRunStatus, StepStatus
+from runs.models import Run, Step, StepStatus
 from runs.pipeline import run_advance
 from runs.services import run_submit
-from runs.step_runner import new_handle_id, resolve_step_plan
 from runtime import executor, forkserver
 from tests.conftest import simple_plan, wait_until
+from tests.runs.conftest import start_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,12 +46,7 @@ def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_
         Step(run=run, step_id="b", position=1, tool="shell", params={"argv": ["true"]}, timeout_s=5,
              depends_on=["a"]),
     ])
-    first = Step.objects.select_related("run").get(pk=first.pk)
-    first.handle_id, first.effective_plan = new_handle_id(first, 1), resolve_step_plan(first)
-    Step.objects.filter(pk=first.pk).update(status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, attempt=1,
-                                            handle_id=first.handle_id, effective_plan=first.effective_plan,
-                                            started_at=timezone.now())
-    first.status, first.run_status, first.attempt = StepStatus.RUNNING, StepRunStatus.RUNNING, 1
+    first = start_attempt(first)
     Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
     first.run.cancel_requested_at = timezone.now()
     result = executor.execute(first.handle_id, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1,
