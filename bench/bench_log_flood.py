@@ -26,8 +26,8 @@ def main() -> None:
     django.setup()
     import psutil
 
-    from runtime import executor, forkserver
-    from runtime.plans import resolve_plan
+    from runtime import executor, forkserver, layout
+    from runtime.plan_resolver import resolve_plan
 
     cap = 1024 * 1024
     handle = f"flood-{uuid.uuid4().hex[:8]}"
@@ -37,12 +37,12 @@ def main() -> None:
     result = executor.execute(handle, tool="shell", params={"argv": ["yes"]}, timeout_s=args.seconds, attempt=1,
                               plan=plan)
     grown = worker.memory_info().rss - before
-    log = executor.task_dir(handle) / "stdout.log"
+    log = layout.task_dir(handle) / "stdout.log"
     details = result["details"]
     print(f"yes for {args.seconds:.0f} s: termination={details['termination']} log={log.stat().st_size} bytes "
           f"(cap {cap}), dropped={details['stdout_truncated_bytes']} bytes, "
           f"worker RSS grew {grown / 1024 / 1024:.1f} MiB")
-    forkserver.stop_server(executor.tasks_dir())
+    forkserver.stop_server(layout.tasks_dir())
 
 
 if __name__ == "__main__":

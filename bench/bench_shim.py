@@ -4,10 +4,10 @@ Run: .venv/bin/python bench/bench_shim.py [iterations]
 
 Prints median and p95 wall time per step for
   - bare:        os.posix_spawn("/bin/true") + waitpid
-  - spare:       runtime.executor launch + wait in a spare shim the fork
+  - spare:       runtime.launcher launch + wait in a spare shim the fork
                  server forked while the step was prepared (what a
                  sequential chain does between its steps)
-  - forkserver:  runtime.executor prepare + launch (fork server) + wait
+  - forkserver:  runtime.launcher prepare + launch (fork server) + wait
   - spawn:       the same with a fresh `python -I -S shim.py` per step
 and the shim overhead (path minus bare). prepare (writing request.json) is
 timed separately: it is part of every step but not of the shim. Uses a
@@ -36,8 +36,8 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
-from runtime import executor, forkserver  # noqa: E402
-from runtime.plans import resolve_plan  # noqa: E402
+from runtime import attach, forkserver, launcher, layout  # noqa: E402
+from runtime.plan_resolver import resolve_plan  # noqa: E402
 
 
 def summary(samples_ms):
@@ -60,12 +60,12 @@ def bench_shim(n, plan, *, use_forkserver, use_spare=False):
     prepare_ms, step_ms = [], []
     for _ in range(n):
         handle = f"bench-{uuid.uuid4().hex[:12]}"
-        spare = executor.warm_shim(plan) if use_spare else None
+        spare = launcher.warm_shim(plan) if use_spare else None
         start = time.perf_counter()
-        executor.prepare(handle, tool="shell", params={"argv": ["/bin/true"]}, timeout_s=30, attempt=1, plan=plan)
+        launcher.prepare(handle, tool="shell", params={"argv": ["/bin/true"]}, timeout_s=30, attempt=1, plan=plan)
         prepared = time.perf_counter()
-        launched = executor.launch(handle, spare=spare)
-        result = executor.wait(handle, launched=launched)
+        launched = launcher.launch(handle, spare=spare)
+        result = attach.wait(handle, launched=launched)
         done = time.perf_counter()
         if result["status"] != "success":
             raise SystemExit(f"bench step failed: {result['error']}")
@@ -77,7 +77,7 @@ def bench_shim(n, plan, *, use_forkserver, use_spare=False):
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     plan = resolve_plan({"profile": "process"})
-    print(f"iterations={n} tree_kill={plan['tree_kill']} python={executor.shim_python()}")
+    print(f"iterations={n} tree_kill={plan['tree_kill']} python={layout.shim_python()}")
     bench_shim(10, plan, use_forkserver=True)  # warm up: start the fork server, fill caches
     bare_med, bare_p95 = summary(bench_bare(n))
     print(f"{'bare posix_spawn true':<28} median {bare_med:6.2f} ms   p95 {bare_p95:6.2f} ms")

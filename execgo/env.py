@@ -13,7 +13,7 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default

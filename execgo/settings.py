@@ -5,6 +5,7 @@ services: SQLite (WAL) and Celery's filesystem broker under EXECGO_DATA_DIR.
 Production sets DATABASE_URL=postgres://… and CELERY_BROKER_URL=redis://….
 """
 
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -217,6 +218,31 @@ EXECGO_SANDBOX_UID = None if _sandbox_uid.lower() == "none" else env_int("EXECGO
 EXECGO_BWRAP_PATH = env_str("EXECGO_BWRAP_PATH", "")  # empty: bwrap on PATH
 EXECGO_UNSHARE_PATH = env_str("EXECGO_UNSHARE_PATH", "/usr/bin/unshare")
 EXECGO_SHIM_FORKSERVER = env_bool("EXECGO_SHIM_FORKSERVER", True)
+# Idle seconds after which the shim fork server exits (the next step starts a new one).
+EXECGO_SHIM_FORKSERVER_IDLE_S = env_float("EXECGO_SHIM_FORKSERVER_IDLE_S", 600.0)
+# The interpreter that runs the shim (started with -I -S: no site, no environment).
+EXECGO_SHIM_PYTHON = env_str("EXECGO_SHIM_PYTHON", sys.executable)
+# On timeout or cancel: seconds between SIGTERM and SIGKILL of a step's
+# processes, and for draining their output pipes afterwards.
+EXECGO_KILL_GRACE_S = env_float("EXECGO_KILL_GRACE_S", 0.5)
+EXECGO_DRAIN_GRACE_S = env_float("EXECGO_DRAIN_GRACE_S", 0.2)
+# A waiter kills a shim this long after the step's own timeout and grace
+# (the shim enforces the timeout itself; this is the backstop).
+EXECGO_SHIM_BACKSTOP_S = env_float("EXECGO_SHIM_BACKSTOP_S", 30.0)
+# A script step runs as [EXECGO_SHELL, "-c", script]; every shell step gets EXECGO_SHELL_PATH as PATH.
+EXECGO_SHELL = env_str("EXECGO_SHELL", "/bin/sh")
+EXECGO_SHELL_PATH = env_str("EXECGO_SHELL_PATH", "/usr/local/bin:/usr/bin:/bin")
+# Limits of every step that asks for none (a step's sandbox.limits override
+# them; unset: no limit). A root worker drops to EXECGO_SANDBOX_UID when a
+# processes limit applies, since the kernel does not apply RLIMIT_NPROC to root.
+EXECGO_DEFAULT_LIMITS = {
+    "cpu_seconds": env_int("EXECGO_LIMIT_CPU_SECONDS", None),
+    "address_space_bytes": env_int("EXECGO_LIMIT_ADDRESS_SPACE_BYTES", None),
+    "file_size_bytes": env_int("EXECGO_LIMIT_FILE_SIZE_BYTES", None),
+    "open_files": env_int("EXECGO_LIMIT_OPEN_FILES", 1024),
+    "processes": env_int("EXECGO_LIMIT_PROCESSES", None),
+    "log_cap_bytes": env_int("EXECGO_LIMIT_LOG_CAP_BYTES", 8 * 1024 * 1024),
+}
 EXECGO_SHELL_ENV_ALLOWLIST = env_list(
     "EXECGO_SHELL_ENV_ALLOWLIST", ["LANG", "LANGUAGE", "LC_*", "TZ", "TERM", "NO_COLOR", "STEP_*"]
 )

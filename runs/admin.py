@@ -28,7 +28,7 @@ from runs.models import (
     Tenant,
     Trace,
 )
-from runs.plans import KNOWN_TOOLS
+from runs.plan_schema import KNOWN_TOOLS
 from runs.policy import (
     ANY_TOOL,
     policy_rule_delete,

@@ -3,3 +3,9 @@ from django.apps import AppConfig
 
 class RunsConfig(AppConfig):
     name = "runs"
+
+    def ready(self) -> None:
+        # Registers the Celery tasks in every process, not only in workers:
+        # the kernel sends them by name (runs.dispatch), and a process with
+        # CELERY_TASK_ALWAYS_EAGER runs a task inline only if it has it.
+        from runs import tasks  # noqa: F401

@@ -14,7 +14,7 @@ from django.conf import settings
 from runs.errors import ErrorCode, ExecGoError
 from runs.memory import memories_for
 from runs.models import Run
-from runs.plans import KNOWN_TOOLS
+from runs.plan_schema import KNOWN_TOOLS
 
 TOOL_SCHEMAS = {
     "shell": {"params": {"argv": "list[str]", "script": "str", "cwd": "str?", "env": "dict?", "stdin": "str?"}},

@@ -24,20 +24,14 @@ that transaction has committed, closed unused if no step follows here).
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from dataclasses import replace
 
 from django.db import transaction
 from django.utils import timezone
 
-from execgo import statements
-from runs.errors import ErrorCode, error_envelope
-from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
-from runs.statemachine import RunState
-from runs.step_runner import (
-    DEFAULT_QUEUE,
-    SANDBOX_QUEUE,
-    can_sandbox,
+from runs.audit import audit
+from runs.closing import run_close
+from runs.dataplane import (
     current_host,
     hand_over_reservation,
     new_handle_id,
@@ -48,83 +42,35 @@ from runs.step_runner import (
     run_tool,
     warm_shim,
 )
-from runs.transitions import TraceRecord, run_transition
-from runtime.envelopes import EnvelopeError, failed_result
+from runs.dispatch import Claim, enqueue_claims, enqueue_settle
+from runs.errors import ErrorCode, error_envelope
+from runs.models import AuditEvent, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
+from runs.outbox import emit, emit_step_event, step_event
+from runs.statemachine import RunState
+from runs.steps import IN_FLIGHT, skip_pending, unstarted_result
+from runs.transitions import TraceRecord, lock_run, run_transition
+from runtime import statements
+from runtime.envelopes import EnvelopeError
 from runtime.forkserver import ShimLink
 
 S = RunState
 logger = logging.getLogger(__name__)
 
-IN_FLIGHT = (StepRunStatus.ACCEPTED, StepRunStatus.RUNNING)
 CANCEL_POLL_S = 0.1
 MAX_BACKOFF_S = 30.0
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A dispatched step attempt, and the queue of the workers that may run it."""
-
-    step_pk: int
-    attempt: int
-    queue: str = DEFAULT_QUEUE
-    # Set when settle already started the attempt for this worker (the
-    # common case of a sequential plan): the step as written, and whether
-    # the finished step's ledger reservation was handed over to it.
-    started: Step | None = field(default=None, compare=False)
-    reserved: bool = False
-    # The run's steps as that settle saw them, when the started attempt is
-    # the only one in flight: until it finishes nobody else dispatches, so
-    # its finish settles from these instead of reading every step again.
-    steps: list[Step] | None = field(default=None, compare=False)
-    # A shim forked ahead for the started attempt (``warm_shim``).
-    spare: ShimLink | None = field(default=None, compare=False)
-
-    def runnable_here(self) -> bool:
-        return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
-
-
-def _step_event(run_id: int, step: Step, type_: str, message: str, data: dict | None = None) -> Event:
-    return Event(type=type_, run_id=run_id, task_id=step.step_id, handle_id=step.handle_id,
-                 timestamp=timezone.now(), message=message, data=data or {})
-
-
-def _event(run_id: int, step: Step, type_: str, message: str, data: dict | None = None) -> None:
-    _step_event(run_id, step, type_, message, data).save()
-
-
-def _enqueue(claims: list[Claim], countdown: float = 0) -> None:
-    from runs.tasks import execute_step
-
-    for claim in claims:
-        execute_step.apply_async((claim.step_pk, claim.attempt), queue=claim.queue, countdown=countdown or None)
-
-
-def _deadline(run: Run):
-    return run.executing_started_at + timedelta(seconds=run.timeout_s)
 
 
 def executing_started(run: Run) -> None:
     """Arm the harness's own run timer: a settle at the deadline fires
     TIMEOUT even when no step ever finishes (the sweeper is the fallback)."""
-    from runs.tasks import settle_run
-
-    remaining = max((_deadline(run) - timezone.now()).total_seconds(), 0)
-    transaction.on_commit(lambda: settle_run.apply_async((run.pk,), countdown=remaining + 0.5))
+    remaining = max((run.deadline - timezone.now()).total_seconds(), 0)
+    enqueue_settle(run.pk, countdown=remaining + 0.5)
 
 
-# What settle and the executor read of the run: its row is locked on every
-# decision, and its context and plan are not needed for one.
-RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "cancel_requested_at", "cancel_requested_by_id",
-              "executing_started_at", "timeout_s")
 # What settle reads of every step of the run, each time: results and
 # effective plans are the bulk of a row (a failure loads its result).
 SETTLE_STEP_FIELDS = ("id", "run_id", "step_id", "tool", "params", "depends_on", "timeout_s", "retries", "status",
                       "run_status", "attempt", "handle_id", "requested_plan")
-
-
-def lock_run(run_id: int) -> Run | None:
-    """The run's row lock. Lock order, everywhere: the run, then its steps."""
-    return statements.select_for_update(Run, run_id, RUN_FIELDS)
 
 
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
@@ -137,8 +83,6 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> C
         run = lock_run(run_id)
         claim, close = _settle_locked(run, [], claim_one=claim_one, handover=handover)
     if close:
-        from runs.pipeline import run_close
-
         run_close(run_id)
     return claim
 
@@ -151,10 +95,10 @@ def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, han
     ``Claim.steps``). Returns the in-process claim and whether the run must
     now be closed."""
     if run is None or run.state != S.EXECUTING:
-        statements.insert(events)
+        emit(events)
         return None, False
     now = timezone.now()
-    going_on = run.cancel_requested_at is None and now < _deadline(run)
+    going_on = run.cancel_requested_at is None and now < run.deadline
     if steps is None or not going_on:
         steps = list(Step.objects.filter(run_id=run.pk).only(*SETTLE_STEP_FIELDS))
     by_id = {step.step_id: step for step in steps}
@@ -167,43 +111,43 @@ def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, han
         claim, claims = _dispatch(run, ready, events, claim_one=claim_one, handover=handover)
         if claim is not None and len(ready) == 1 and not in_flight:
             claim = replace(claim, steps=steps)  # the claimed attempt is the only one in flight
-        transaction.on_commit(lambda: _enqueue(claims))
+        enqueue_claims(claims)
         return claim, False
 
-    statements.insert(events)  # ahead of the events of the edge taken below
+    emit(events)  # ahead of the events of the edge taken below
     if run.cancel_requested_at is not None:
-        _skip_pending(run, steps, "run cancelled")
+        skip_pending(run, steps, "run cancelled")
         _cancel_queued(run, in_flight)
         if any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
             return None, False
-        run_transition(run, S.CANCELLED, caller="user", actor=run.cancel_requested_by, expected=S.EXECUTING,
+        run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.EXECUTING,
                        trace=TraceRecord(TraceKind.RUN, {"cancelled_by": run.cancel_requested_by_id}))
-    elif now >= _deadline(run):
-        _skip_pending(run, steps, "run timed out")
+    elif now >= run.deadline:
+        skip_pending(run, steps, "run timed out")
         _cancel_queued(run, in_flight)
         if any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
             return None, False
         error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
                                source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
-        run_transition(run, S.TIMEOUT, caller="tool controller", expected=S.EXECUTING,
+        run_transition(run, S.TIMEOUT, expected=S.EXECUTING,
                        message=error["message"], data={"layer": "harness"},
                        trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
                                          error=error))
     elif failed:
-        _skip_pending(run, steps, f"step {failed[0].step_id} failed")
+        skip_pending(run, steps, f"step {failed[0].step_id} failed")
         if in_flight:
             return None, False
         first = failed[0]
         error = (first.result or {}).get("error") or error_envelope(
             ErrorCode.UNKNOWN, f"step {first.step_id} failed", source="executor")
-        run_transition(run, S.FAILED, caller="tool controller", expected=S.EXECUTING,
+        run_transition(run, S.FAILED, expected=S.EXECUTING,
                        message=error["message"],
                        trace=TraceRecord(TraceKind.TOOL_INVOCATION,
                                          {"tool": first.tool, "step": first.step_id,
                                           "retry_count": max(first.attempt - 1, 0)},
                                          error=error, step=first))
     else:  # every step succeeded
-        run_transition(run, S.TRACING, caller="tool controller", expected=S.EXECUTING)
+        run_transition(run, S.TRACING, expected=S.EXECUTING)
     return None, True
 
 
@@ -247,18 +191,8 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
                                                "handle_id": step.handle_id}):
             events.append(accepted)
             claims.append(Claim(step.pk, 1, queue_for(step)))
-    statements.insert(events)
+    emit(events)
     return claim, claims
-
-
-def _skip_pending(run: Run, steps: list[Step], reason: str) -> None:
-    for step in steps:
-        if step.status == StepStatus.PENDING and not step.run_status:
-            if Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="").update(
-                status=StepStatus.SKIPPED
-            ):
-                step.status = StepStatus.SKIPPED
-                _event(run.pk, step, EventType.TASK_CANCELLED, f"skipped: {reason}", {"status": "skipped"})
 
 
 def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
@@ -269,23 +203,8 @@ def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
             pk=step.pk, attempt=step.attempt, run_status=StepRunStatus.ACCEPTED
         ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now()):
             step.run_status = StepRunStatus.CANCELLED
-            _event(run.pk, step, EventType.TASK_CANCELLED, "cancelled before it started", {"attempt": step.attempt})
-
-
-def fence_unfinished_steps(run: Run, *, reason: str) -> None:
-    """When a run closes with steps still pending or in flight (the sweeper
-    or a timeout closed it under a slow worker), skip the pending ones and
-    end the in-flight attempts here, so that a late result of theirs finds
-    its fence gone and is audited instead of applied."""
-    steps = list(run.steps.exclude(status__in=[StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.SKIPPED]))
-    _skip_pending(run, steps, reason)
-    for step in steps:
-        if step.run_status in IN_FLIGHT and Step.objects.filter(
-            pk=step.pk, attempt=step.attempt, run_status=step.run_status
-        ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now(),
-                 result=_failed_result(step, step.attempt, step.started_at or timezone.now(),
-                                       error_envelope(ErrorCode.CANCELLED, reason, source="scheduler"))):
-            _event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
+            emit_step_event(run.pk, step, EventType.TASK_CANCELLED, "cancelled before it started",
+                            {"attempt": step.attempt})
 
 
 def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False,
@@ -319,25 +238,26 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved:
                 return None  # a duplicate delivery, or the attempt was cancelled or superseded
             for name, value in claim.items():
                 setattr(step, name, value)
-            _event(step.run_id, step, EventType.TASK_STARTED, "started",
-                   {"attempt": attempt, "host": step.host, "plan": effective_plan})
+            emit_step_event(step.run_id, step, EventType.TASK_STARTED, "started",
+                            {"attempt": attempt, "host": step.host, "plan": effective_plan})
     else:
         step = started
     run = step.run
     try:
         if plan_error is not None:
-            result = _failed_result(step, attempt, step.started_at, plan_error)
+            result = unstarted_result(step, attempt, step.started_at, plan_error)
         elif run.state != S.EXECUTING:
-            result = _failed_result(step, attempt, step.started_at,
-                                    error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
+            result = unstarted_result(step, attempt, step.started_at,
+                                      error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
         else:
-            remaining = (_deadline(run) - timezone.now()).total_seconds()
+            remaining = (run.deadline - timezone.now()).total_seconds()
             result = run_tool(
                 step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001), reserved=reserved,
                 cancel_requested=_cancel_poller(run.pk),
                 on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
-                on_wait=lambda: _event(run.pk, step, EventType.TASK_PROGRESSED, "waiting for a free slot on "
-                                       f"{step.host}", {"attempt": attempt, "waiting_for": "resources"}),
+                on_wait=lambda: emit_step_event(run.pk, step, EventType.TASK_PROGRESSED,
+                                                f"waiting for a free slot on {step.host}",
+                                                {"attempt": attempt, "waiting_for": "resources"}),
                 spare=spare,
             )
     except BaseException:
@@ -355,9 +275,8 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
         return None
     result = reattach(step, cancel_requested=_cancel_poller(step.run_id),
                       on_progress=lambda percent, message: _progress(step.run_id, step, attempt, percent, message))
-    AuditLog.objects.create(run_id=step.run_id, tenant_id=step.run.tenant_id, event="step_reattached",
-                            caller="recovery", data={"step": step.step_id, "attempt": attempt,
-                                                     "handle_id": step.handle_id, "status": result["status"]})
+    audit(AuditEvent.STEP_REATTACHED, run_id=step.run_id, tenant_id=step.run.tenant_id, caller="recovery",
+          data={"step": step.step_id, "attempt": attempt, "handle_id": step.handle_id, "status": result["status"]})
     return step_finish(step, attempt, result)
 
 
@@ -386,7 +305,7 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
     run = step.run
     finished_handle = step.handle_id  # the retry below names the next attempt's handle
     retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
-             and attempt <= step.retries and timezone.now() < _deadline(run))
+             and attempt <= step.retries and timezone.now() < run.deadline)
     status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
     with transaction.atomic():
         locked = lock_run(run.pk)
@@ -397,14 +316,13 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
              "progress": 100 if status == StepStatus.SUCCESS else None},
         )
         if not fenced:
-            AuditLog.objects.create(run_id=run.pk, tenant_id=run.tenant_id, event="stale_result_ignored",
-                                    caller="tool controller",
-                                    data={"step": step.step_id, "attempt": attempt, "status": result["status"]})
+            audit(AuditEvent.STALE_RESULT_IGNORED, run_id=run.pk, tenant_id=run.tenant_id, caller="tool controller",
+                  data={"step": step.step_id, "attempt": attempt, "status": result["status"]})
             transaction.on_commit(lambda: release_reservation(finished_handle))
             return None
         event_type = {StepRunStatus.SUCCESS: EventType.TASK_SUCCEEDED,
                       StepRunStatus.CANCELLED: EventType.TASK_CANCELLED}.get(result["status"], EventType.TASK_FAILED)
-        events = [_step_event(run.pk, step, event_type, result["error"]["message"] if result["error"] else "succeeded",
+        events = [step_event(run.pk, step, event_type, result["error"]["message"] if result["error"] else "succeeded",
                               {"attempt": attempt, "duration_ms": result["duration_ms"]})]
         if retry:
             backoff = min(0.2 * 2 ** (attempt - 1), MAX_BACKOFF_S)
@@ -413,13 +331,12 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
             Step.objects.filter(pk=step.pk, attempt=attempt).update(
                 attempt=next_attempt, run_status=StepRunStatus.ACCEPTED, handle_id=step.handle_id
             )
-            events.append(_step_event(run.pk, step, EventType.TASK_RETRIED,
+            events.append(step_event(run.pk, step, EventType.TASK_RETRIED,
                                       f"retrying in {backoff:.1f}s after attempt {attempt}",
                                       {"attempt": next_attempt, "backoff_s": backoff, "error": result["error"]}))
-            statements.insert(events)
-            retry_claim = Claim(step.pk, next_attempt, queue_for(step))
+            emit(events)
             transaction.on_commit(lambda: release_reservation(finished_handle))
-            transaction.on_commit(lambda: _enqueue([retry_claim], countdown=backoff))
+            enqueue_claims([Claim(step.pk, next_attempt, queue_for(step))], countdown=backoff)
             return None
         known = None
         if steps is not None and status == StepStatus.SUCCESS:
@@ -428,8 +345,6 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
             known = steps
         claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known)
     if close:
-        from runs.pipeline import run_close
-
         run_close(run.pk)
     if claim is None or not claim.reserved:
         release_reservation(finished_handle)
@@ -458,12 +373,7 @@ def _progress(run_id: int, step: Step, attempt: int, percent: int, message: str)
         if Step.objects.filter(pk=step.pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
             progress=percent
         ):
-            _event(run_id, step, EventType.TASK_PROGRESSED, message, {"attempt": attempt, "progress": percent})
-
-
-def _failed_result(step: Step, attempt: int, started, error: dict) -> dict:
-    """The envelope of an attempt that ended without running."""
-    return failed_result(step.handle_id, error, attempt=attempt, started_at=started, finished_at=timezone.now())
+            emit_step_event(run_id, step, EventType.TASK_PROGRESSED, message, {"attempt": attempt, "progress": percent})
 
 
 def execute_claims(claim: Claim | None) -> None:

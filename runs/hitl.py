@@ -8,8 +8,11 @@ a race (the run was cancelled or expired meanwhile) is still on record.
 from django.db import transaction
 from django.utils import timezone
 
+from runs.audit import audit
+from runs.closing import run_close
+from runs.dispatch import enqueue_advance
 from runs.errors import ConflictError, ErrorCode, ExecGoError
-from runs.models import AuditLog, Run, Trace, TraceKind
+from runs.models import AuditEvent, Run, Trace, TraceKind
 from runs.statemachine import RunState
 from runs.transitions import TransitionLost, run_transition
 
@@ -36,28 +39,24 @@ def run_decide(*, run: Run, approve: bool, actor, comment: str = "") -> Run:
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.state != S.AWAITING_HITL or Trace.objects.filter(run=locked, kind=TraceKind.HITL_DECISION).exists():
-            AuditLog.objects.create(run=locked, tenant_id=locked.tenant_id, event="approval_refused", actor=actor,
-                                    caller="hitl controller", from_state=locked.state,
-                                    data={"decision": decision, "reason": "already decided or not awaiting"})
+            audit(AuditEvent.APPROVAL_REFUSED, run_id=locked.pk, tenant_id=locked.tenant_id, actor=actor,
+                  caller="hitl controller", from_state=locked.state,
+                  data={"decision": decision, "reason": "already decided or not awaiting"})
             raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is {locked.state}; no decision is pending",
                                 source="approval", details={"state": locked.state})
         data = {"decision": decision, "approver": actor.pk, "approver_name": actor.get_username(),
                 "comment": comment, "timeout": False, "decided_at": timezone.now().isoformat()}
         Trace.objects.create(run=locked, kind=TraceKind.HITL_DECISION, from_state=S.AWAITING_HITL, data=data)
-        AuditLog.objects.create(run=locked, tenant_id=locked.tenant_id, actor=actor, caller="hitl controller",
-                                event="approval_approved" if approve else "approval_rejected",
-                                from_state=S.AWAITING_HITL, data={"comment": comment})
+        audit(AuditEvent.APPROVAL_APPROVED if approve else AuditEvent.APPROVAL_REJECTED, run_id=locked.pk,
+              tenant_id=locked.tenant_id, actor=actor, caller="hitl controller", from_state=S.AWAITING_HITL,
+              data={"comment": comment})
     try:
-        run = run_transition(run, S.EXECUTING if approve else S.REJECTED, caller="hitl controller", actor=actor,
-                             expected=S.AWAITING_HITL, data={"decision": decision})
+        run = run_transition(run, S.EXECUTING if approve else S.REJECTED, actor=actor, expected=S.AWAITING_HITL,
+                             data={"decision": decision})
     except TransitionLost:
         return Run.objects.get(pk=run.pk)
     if approve:
-        from runs.tasks import advance_run
-
-        transaction.on_commit(lambda: advance_run.delay(run.pk))
+        enqueue_advance(run.pk)
     else:
-        from runs.pipeline import run_close
-
         run = run_close(run.pk)
     return run

@@ -9,6 +9,8 @@ Run lifecycle (the full table is data in ``runs.statemachine``)::
 ``Run.state`` is written only by ``runs.transitions.run_transition``.
 """
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -136,6 +138,13 @@ class Run(ConcurrentTransitionMixin, models.Model):
     @property
     def is_final(self) -> bool:
         return self.state in FINAL
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When EXECUTING runs out of time (SPEC §6: the run's total time)."""
+        if self.executing_started_at is None:
+            return None
+        return self.executing_started_at + timedelta(seconds=self.timeout_s)
 
     # --- transitions: sources come from runs.statemachine.TRANSITIONS -------
     # Bodies are empty on purpose: the transition service stamps fields,
@@ -351,6 +360,39 @@ class Trace(models.Model):
         return f"{self.kind} trace of run {self.run_id}"
 
 
+class AuditEvent(models.TextChoices):
+    """Every event the audit log records (written by ``runs.audit.audit``)."""
+
+    RUN_CREATED = "run_created"
+    STATE_CHANGED = "state_changed"  # a transition into a non-final state
+    RUN_SUCCEEDED = "run_succeeded"
+    RUN_REJECTED = "run_rejected"
+    RUN_FAILED = "run_failed"
+    RUN_CANCELLED = "run_cancelled"
+    INVALID_TRANSITION = "invalid_transition"
+    TRANSITION_LOST = "transition_lost"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCEL_REFUSED = "cancel_refused"
+    CANCEL_SUPERSEDED = "cancel_superseded"
+    APPROVAL_APPROVED = "approval_approved"
+    APPROVAL_REJECTED = "approval_rejected"
+    APPROVAL_REFUSED = "approval_refused"
+    ZOMBIE_DETECTED = "zombie_detected"
+    ZOMBIE_RECOVERED = "zombie_recovered"
+    STEP_REATTACHED = "step_reattached"
+    STALE_RESULT_IGNORED = "stale_result_ignored"
+    ARTIFACTS_PURGED = "artifacts_purged"
+
+
+# The one audit event of a run's final transition (SPEC §2.2: reconciliation).
+FINAL_AUDIT_EVENT: dict[str, AuditEvent] = {
+    S.SUCCEEDED: AuditEvent.RUN_SUCCEEDED,
+    S.CLOSED_REJECTED: AuditEvent.RUN_REJECTED,
+    S.CLOSED_FAILED: AuditEvent.RUN_FAILED,
+    S.CLOSED_CANCELLED: AuditEvent.RUN_CANCELLED,
+}
+
+
 class AuditLog(models.Model):
     """Append-only record of who did what. Rows about a run must outlive a
     rolled-back transaction, so ``run`` carries no database constraint (an
@@ -363,7 +405,7 @@ class AuditLog(models.Model):
     tenant = models.ForeignKey(
         Tenant, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
-    event = models.CharField(max_length=40)
+    event = models.CharField(max_length=40, choices=AuditEvent.choices)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
         related_name="+",

@@ -48,7 +48,7 @@ from django.conf import settings
 
 from runs.errors import ErrorCode, ExecGoError, error_envelope
 from runs.models import Run
-from runs.plans import KNOWN_TOOLS, MAX_RETRIES, validate_plan
+from runs.plan_schema import KNOWN_TOOLS, MAX_RETRIES, validate_plan
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +98,12 @@ class LlmSettings:
     @classmethod
     def load(cls) -> "LlmSettings":
         return cls(
-            url=(getattr(settings, "EXECGO_LLM_URL", "") or "").rstrip("/"),
-            model=getattr(settings, "EXECGO_LLM_MODEL", "") or "",
-            api_key=getattr(settings, "EXECGO_LLM_API_KEY", "") or "",
-            timeout_s=float(getattr(settings, "EXECGO_LLM_TIMEOUT_S", 30.0)),
-            retries=max(int(getattr(settings, "EXECGO_LLM_RETRIES", 2)), 0),
-            backoff_s=max(float(getattr(settings, "EXECGO_LLM_BACKOFF_S", 0.5)), 0.0),
+            url=settings.EXECGO_LLM_URL.rstrip("/"),
+            model=settings.EXECGO_LLM_MODEL,
+            api_key=settings.EXECGO_LLM_API_KEY,
+            timeout_s=settings.EXECGO_LLM_TIMEOUT_S,
+            retries=max(settings.EXECGO_LLM_RETRIES, 0),
+            backoff_s=max(settings.EXECGO_LLM_BACKOFF_S, 0.0),
         )
 
     def redact(self, text: str) -> str:

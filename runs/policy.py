@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
-from runs.plans import KNOWN_TOOLS
+from runs.plan_schema import KNOWN_TOOLS
 
 ANY_TOOL = "*"
 RISK_ORDER = {RiskLevel.LOW: 0, RiskLevel.MEDIUM: 1, RiskLevel.HIGH: 2, RiskLevel.DENY: 3}
@@ -58,12 +58,12 @@ FIELDS_OF_TOOL = {
     "file": {Field.PATH, Field.OP},
 }
 BUDGETS = (
-    # (name, setting, default)
-    ("steps", "EXECGO_BUDGET_MAX_STEPS", 100),
-    ("run_seconds", "EXECGO_BUDGET_MAX_RUN_SECONDS", 3600),
-    ("cpu_seconds", "EXECGO_BUDGET_MAX_CPU_SECONDS", 600),
-    ("http_calls", "EXECGO_BUDGET_MAX_HTTP_CALLS", 50),
-    ("command_chars", "EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192),
+    # (name, setting)
+    ("steps", "EXECGO_BUDGET_MAX_STEPS"),
+    ("run_seconds", "EXECGO_BUDGET_MAX_RUN_SECONDS"),
+    ("cpu_seconds", "EXECGO_BUDGET_MAX_CPU_SECONDS"),
+    ("http_calls", "EXECGO_BUDGET_MAX_HTTP_CALLS"),
+    ("command_chars", "EXECGO_BUDGET_MAX_COMMAND_CHARS"),
 )
 NO_RULE_MATCHED = "no rule matched (default low)"
 MAX_SNAPSHOT_ATTEMPTS = 5
@@ -200,7 +200,7 @@ def _rule_matches(rule: PolicyRule, pattern: re.Pattern, step: Step) -> bool:
 
 
 def _allowed_hosts() -> frozenset[str]:
-    hosts = getattr(settings, "EXECGO_HTTP_ALLOWED_HOSTS", ())
+    hosts = settings.EXECGO_HTTP_ALLOWED_HOSTS
     if isinstance(hosts, str) or not all(isinstance(host, str) for host in hosts):
         raise ImproperlyConfigured(f"EXECGO_HTTP_ALLOWED_HOSTS must be a list of host names, not {hosts!r}")
     return frozenset(host.strip().lower() for host in hosts if host.strip())
@@ -235,8 +235,10 @@ def _policy_snapshot() -> tuple[int, list[PolicyRule]]:
     raise RuntimeError(f"policy rules changed during {MAX_SNAPSHOT_ATTEMPTS} reads in a row")
 
 
-def _budget_limit(setting: str, default: int) -> float:
-    value = getattr(settings, setting, default)
+def _budget_limit(setting: str) -> float:
+    # Settings are read by name (the table above); a value set in code
+    # rather than from the environment is checked here.
+    value = getattr(settings, setting)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ImproperlyConfigured(f"{setting} must be a non-negative number, not {value!r}")
     return value
@@ -280,8 +282,8 @@ def _budgets(run: Run, steps: list[Step]) -> tuple[dict[str, float], list[dict[s
     usage = _budget_usage(run, steps)
     trace: dict[str, float] = {}
     exceeded = []
-    for name, setting, default in BUDGETS:
-        limit, used = _budget_limit(setting, default), usage[name]
+    for name, setting in BUDGETS:
+        limit, used = _budget_limit(setting), usage[name]
         trace.update({f"max_{name}": limit, name: used, f"remaining_{name}": max(limit - used, 0)})
         if used > limit:
             exceeded.append({"budget": f"max_{name}", "limit": limit, "used": used})
@@ -311,7 +313,7 @@ def evaluate_policy(run: Run) -> PolicyDecision:
             continue
         compiled.append((rule, pattern))
 
-    max_chars = _budget_limit("EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192)
+    max_chars = _budget_limit("EXECGO_BUDGET_MAX_COMMAND_CHARS")
     matches: list[_Match] = []
     step_rows = []
     for step in steps:

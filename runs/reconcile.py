@@ -8,16 +8,15 @@
 
 from collections import Counter, defaultdict
 
-from runs.models import AuditLog, Job, Run, Trace, TraceKind
+from runs.models import FINAL_AUDIT_EVENT, AuditEvent, AuditLog, Job, Run, Trace, TraceKind
 from runs.statemachine import FINAL, RunState, job_status_for
-from runs.transitions import FINAL_AUDIT_EVENT
 
 
 def find_violations() -> list[str]:
     violations: list[str] = []
 
     succeeded_runs = Run.objects.filter(state=RunState.SUCCEEDED).count()
-    succeeded_audits = AuditLog.objects.filter(event="run_succeeded").count()
+    succeeded_audits = AuditLog.objects.filter(event=AuditEvent.RUN_SUCCEEDED).count()
     if succeeded_runs != succeeded_audits:
         violations.append(
             f"{succeeded_runs} SUCCEEDED runs but {succeeded_audits} run_succeeded audit events"

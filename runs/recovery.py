@@ -10,30 +10,28 @@ pick up what a dead worker left behind (SPEC §8).
 
 import logging
 
+from runs.dataplane import current_host, queue_for
+from runs.dispatch import Claim, enqueue_claims, enqueue_reattach
 from runs.models import Step, StepRunStatus
 from runs.statemachine import RunState
-from runs.step_runner import current_host, host_queue, queue_for
-from runtime import executor, ledger
+from runtime import attach, ledger
 from runtime.capabilities import capability_manifest
 
 logger = logging.getLogger(__name__)
 
 
 def host_recover(host: str | None = None) -> dict:
-    from runs.tasks import execute_step, reattach_step
-
     host = host or current_host()
     manifest = capability_manifest(refresh=True)
     ledger.host_register(host, capabilities=manifest)
     running = list(Step.objects.filter(host=host, run_status=StepRunStatus.RUNNING).only("pk", "attempt",
                                                                                           "handle_id"))
     running_handles = {step.handle_id for step in running}
-    ledger.recover(host, keep=lambda handle: handle in running_handles and executor.shim_alive(handle))
+    ledger.recover(host, keep=lambda handle: handle in running_handles and attach.shim_alive(handle))
     for step in running:
-        reattach_step.apply_async((step.pk, step.attempt), queue=host_queue(host))
+        enqueue_reattach(step, host)
     queued = list(Step.objects.filter(run_status=StepRunStatus.ACCEPTED, run__state=RunState.EXECUTING))
-    for step in queued:
-        execute_step.apply_async((step.pk, step.attempt), queue=queue_for(step))
+    enqueue_claims([Claim(step.pk, step.attempt, queue_for(step)) for step in queued])
     summary = {"host": host, "reattached": [s.pk for s in running], "redelivered": [s.pk for s in queued]}
     logger.info("recovery on %s: %s", host, summary)
     return summary

@@ -8,7 +8,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import AuditLog, Event, Run, Step
+from runs.audit import audit
+from runs.models import AuditEvent, Event, Run, Step
 from runs.statemachine import FINAL
 from runtime.gc import purge_task_dirs
 
@@ -30,7 +31,7 @@ def purge_expired_artifacts(*, now=None, batch: int = 200) -> list[int]:
         removed = purge_task_dirs(sorted(run_handles(run)))
         with transaction.atomic():
             if Run.objects.filter(pk=run.pk, artifacts_purged_at__isnull=True).update(artifacts_purged_at=now):
-                AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="artifacts_purged", caller="gc",
-                                        data={"removed": removed, "retention_s": settings.EXECGO_TASK_RETENTION_S})
+                audit(AuditEvent.ARTIFACTS_PURGED, run_id=run.pk, tenant_id=run.tenant_id, caller="gc",
+                      data={"removed": removed, "retention_s": settings.EXECGO_TASK_RETENTION_S})
                 purged.append(run.pk)
     return purged

@@ -11,11 +11,15 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from runs.audit import audit
+from runs.closing import run_cancel_awaiting_approval
+from runs.dispatch import enqueue_advance, enqueue_settle
 from runs.errors import ConflictError, ErrorCode
-from runs.models import AuditLog, Event, EventType, Job, Run, Tenant
-from runs.plans import validate_plan
+from runs.models import AuditEvent, Job, Run, Tenant
+from runs.plan_schema import validate_plan
 from runs.statemachine import RunState
-from runs.transitions import audit_independently
+from runs.transitions import record_state
+from runtime import statements
 
 S = RunState
 
@@ -24,12 +28,6 @@ S = RunState
 class Submission:
     run: Run
     created: bool  # False when an Idempotency-Key matched an earlier run
-
-
-def _enqueue_advance(run_id: int) -> None:
-    from runs.tasks import advance_run
-
-    advance_run.delay(run_id)
 
 
 def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str, plan: dict, goal: str,
@@ -42,18 +40,11 @@ def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str
         approval_timeout_s=approval_timeout_s, idempotency_key=idempotency_key, retry_of=retry_of,
         last_state_change_at=now,
     )
-    Job.objects.filter(pk=job.pk).update(
-        latest_run=run, status="pending",
-        run_state_snapshot={"run_id": run.pk, "state": S.CREATED, "closing_cause": "",
-                            "last_state_change_at": now.isoformat()},
-        updated_at=now,
-    )
-    Event.objects.create(type=EventType.RUN_STATE_CHANGED, run=run, timestamp=now, message="run created",
-                         data={"from": None, "to": S.CREATED, "closing_cause": ""})
-    AuditLog.objects.create(run=run, tenant=tenant, event="run_created", actor=user, caller="api",
-                            to_state=S.CREATED, data={"retry_of": retry_of.pk if retry_of else None})
-    # The worker must see the committed run: enqueue only after commit.
-    transaction.on_commit(lambda: _enqueue_advance(run.pk))
+    statements.update(Job, {"id": job.pk}, {"latest_run_id": run.pk})  # the projector follows the latest run
+    record_state(run, None, S.CREATED, now, event=AuditEvent.RUN_CREATED, caller="api", actor=user,
+                 message="run created", data={"retry_of": retry_of.pk if retry_of else None})
+    # The worker must see the committed run: sent only after commit.
+    enqueue_advance(run.pk)
     return run
 
 
@@ -91,25 +82,21 @@ def run_cancel(*, run: Run, user: Any) -> Run:
     carry it to the first state with a CANCELLED edge."""
     now = timezone.now()
     if run.is_final:
-        audit_independently(run=run, tenant_id=run.tenant_id, event="cancel_refused", actor=user, caller="api",
-                            from_state=run.state, data={"reason": "run already final"})
+        audit(AuditEvent.CANCEL_REFUSED, run_id=run.pk, tenant_id=run.tenant_id, actor=user, caller="api",
+              from_state=run.state, data={"reason": "run already final"}, independently=True)
         raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is already {run.state}; nothing to cancel",
                             source="api", details={"state": run.state})
     with transaction.atomic():
         Run.objects.filter(pk=run.pk, cancel_requested_at__isnull=True).update(
             cancel_requested_at=now, cancel_requested_by=user
         )
-        AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="cancel_requested", actor=user,
-                                caller="api", from_state=run.state)
+        audit(AuditEvent.CANCEL_REQUESTED, run_id=run.pk, tenant_id=run.tenant_id, actor=user, caller="api",
+              from_state=run.state)
     if run.state == S.EXECUTING:
         # The executing steps poll the flag; a run between steps (queued, or
         # waiting out a retry backoff) is settled by this task.
-        from runs.tasks import settle_run
-
-        settle_run.delay_on_commit(run.pk)
+        enqueue_settle(run.pk)
     elif run.state == S.AWAITING_HITL:
-        from runs.pipeline import run_cancel_awaiting_approval
-
         run_cancel_awaiting_approval(run.pk)
     run.refresh_from_db()
     return run

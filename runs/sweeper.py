@@ -12,12 +12,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from runs.audit import audit
+from runs.closing import fence_unfinished_steps, run_close
 from runs.errors import ErrorCode, error_envelope
-from runs.execution import fence_unfinished_steps, lock_run
-from runs.models import AuditLog, Run, TraceKind
-from runs.pipeline import run_close
+from runs.models import AuditEvent, Run, TraceKind
 from runs.statemachine import FINAL, TRANSIENT, ZOMBIE_SWEEPER, RunState
-from runs.transitions import InvalidTransitionError, TraceRecord, TransitionLost, run_transition
+from runs.transitions import InvalidTransitionError, TraceRecord, TransitionLost, lock_run, run_transition
 
 S = RunState
 logger = logging.getLogger(__name__)
@@ -69,9 +69,8 @@ def sweep_zombies(now=None) -> list[int]:
 def sweep_run(run: Run, *, age: timedelta) -> bool:
     """Close one stuck run. False when another writer moved it first."""
     stuck_in = run.state
-    AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="zombie_detected", caller="zombie sweeper",
-                            forced_by=ZOMBIE_SWEEPER, from_state=stuck_in,
-                            data={"age_s": round(age.total_seconds(), 3)})
+    audit(AuditEvent.ZOMBIE_DETECTED, run_id=run.pk, tenant_id=run.tenant_id, caller="zombie sweeper",
+          forced_by=ZOMBIE_SWEEPER, from_state=stuck_in, data={"age_s": round(age.total_seconds(), 3)})
     try:
         if stuck_in not in TRANSIENT:
             target = FORCED_EDGE[stuck_in]
@@ -101,6 +100,6 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
     except (TransitionLost, InvalidTransitionError) as exc:
         logger.info("sweeper gave up on run %s: %s", run.pk, exc)
         return False
-    AuditLog.objects.create(run=run, tenant_id=run.tenant_id, event="zombie_recovered", caller="zombie sweeper",
-                            forced_by=ZOMBIE_SWEEPER, from_state=stuck_in, to_state=closed.state if closed else "")
+    audit(AuditEvent.ZOMBIE_RECOVERED, run_id=run.pk, tenant_id=run.tenant_id, caller="zombie sweeper",
+          forced_by=ZOMBIE_SWEEPER, from_state=stuck_in, to_state=closed.state if closed else "")
     return True

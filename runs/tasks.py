@@ -1,11 +1,17 @@
 """Celery tasks: ids in, re-fetch, call one service. Each is safe to deliver
-twice: the services re-read the rows and claim work by compare-and-swap."""
+twice: the services re-read the rows and claim work by compare-and-swap.
+The kernel sends them by name (``runs.dispatch``) and never imports this
+module, which sits on top of it."""
 
 from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready
 
-from runs.execution import execute_claims, run_settle, step_execute
+from runs.dataplane import SANDBOX_QUEUE, can_sandbox, current_host, host_queue
+from runs.execution import execute_claims, run_settle, step_execute, step_reattach
 from runs.pipeline import run_advance
+from runs.recovery import host_recover
+from runs.retention import purge_expired_artifacts
+from runs.sweeper import sweep_zombies
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -25,24 +31,23 @@ def settle_run(run_id: int) -> None:
 
 @shared_task(ignore_result=True)
 def sweep_zombie_runs() -> None:
-    from runs.sweeper import sweep_zombies
-
     sweep_zombies()
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def reattach_step(step_pk: int, attempt: int) -> None:
-    from runs.execution import step_reattach
-
     execute_claims(step_reattach(step_pk, attempt))
+
+
+@shared_task(ignore_result=True)
+def purge_expired_run_artifacts() -> None:
+    purge_expired_artifacts()
 
 
 @celeryd_after_setup.connect
 def _consume_host_queues(sender, instance, **kwargs):
     """Every worker also consumes its host's queue (re-attachment), and the
     sandbox queue when this host can run the linux_sandbox profile."""
-    from runs.step_runner import SANDBOX_QUEUE, can_sandbox, current_host, host_queue
-
     instance.app.amqp.queues.select_add(host_queue(current_host()))
     if can_sandbox():
         instance.app.amqp.queues.select_add(SANDBOX_QUEUE)
@@ -50,13 +55,4 @@ def _consume_host_queues(sender, instance, **kwargs):
 
 @worker_ready.connect
 def _recover_host(sender, **kwargs):
-    from runs.recovery import host_recover
-
     host_recover()
-
-
-@shared_task(ignore_result=True)
-def purge_expired_run_artifacts() -> None:
-    from runs.retention import purge_expired_artifacts
-
-    purge_expired_artifacts()

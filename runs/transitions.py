@@ -1,42 +1,38 @@
-"""The one entry point that writes ``Run.state``.
+"""The one entry point that writes ``Run.state``, and the run's row lock.
 
 ``run_transition`` moves a run along one edge of ``runs.statemachine`` and, in
 the same database transaction, stamps the run, appends the Trace and Event
-(outbox) rows, writes the AuditLog row and projects ``Job.status``. Nothing
-leaves the process before commit.
+(outbox) rows, writes the AuditLog row and projects ``Job.status``. Run
+creation records its first state through the same projector. Nothing leaves
+the process before commit.
 """
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
-from execgo import statements
-from runs.models import AuditLog, Event, EventType, Job, Run, Step, Trace, TraceKind
-from runs.statemachine import (
-    FINAL,
-    ZOMBIE_SWEEPER,
-    RunState,
-    closing_cause_for,
-    is_legal,
-    job_status_for,
-)
+from runs.audit import audit
+from runs.models import FINAL_AUDIT_EVENT, AuditEvent, Event, EventType, Job, Run, Step, Trace, TraceKind
+from runs.statemachine import FINAL, ZOMBIE_SWEEPER, RunState, closing_cause_for, edge, is_legal, job_status_for
+from runtime import statements
 
 S = RunState
 
-FINAL_AUDIT_EVENT = {
-    S.SUCCEEDED: "run_succeeded",
-    S.CLOSED_REJECTED: "run_rejected",
-    S.CLOSED_FAILED: "run_failed",
-    S.CLOSED_CANCELLED: "run_cancelled",
-}
-
-
 TRANSITION_FIELDS = ["state", "previous_state", "closing_cause", "last_state_change_at", "executing_started_at",
                      "finished_at"]
+# What a decision under the run's lock reads of the run: its context and plan
+# are not needed for one.
+RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "cancel_requested_at", "cancel_requested_by_id",
+              "executing_started_at", "timeout_s")
+
+
+def lock_run(run_id: int) -> Run | None:
+    """The run's row lock. Lock order, everywhere: the run, then its steps."""
+    return statements.select_for_update(Run, run_id, RUN_FIELDS)
 
 
 class InvalidTransitionError(Exception):
@@ -72,19 +68,6 @@ class TraceRecord:
     step: Step | None = None
 
 
-def audit_independently(**fields: Any) -> AuditLog:
-    """Write an AuditLog row that survives the rollback of the caller's
-    transaction.
-
-    On PostgreSQL the row goes through the second ("audit") connection, which
-    commits on its own. SQLite has a single writer and the caller's open
-    transaction holds it, so there the row can only ride with that
-    transaction; outside a transaction both commit immediately anyway.
-    """
-    alias = "audit" if connection.in_atomic_block and not settings.IS_SQLITE else "default"
-    return AuditLog.objects.using(alias).create(**fields)
-
-
 def _method_for(target: str, forced_by: str) -> str:
     if target == S.FAILED and forced_by == ZOMBIE_SWEEPER:
         return "force_failed"
@@ -95,20 +78,20 @@ def run_transition(
     run: Run | int,
     target: RunState,
     *,
-    caller: str,
+    caller: str | None = None,
     actor: Any = None,
     forced_by: str = "",
     message: str = "",
     data: dict[str, Any] | None = None,
     trace: TraceRecord | None = None,
-    audit_event: str = "",
     expected: str | None = None,
 ) -> Run:
     """Move ``run`` to ``target``; return the saved run.
 
-    ``expected`` is the state the caller decided on; when the run has moved
-    on since, the attempt is audited and ``TransitionLost`` raised, as it is
-    when a concurrent writer wins the optimistic lock. Raises
+    ``caller`` defaults to who the table says triggers the edge. ``expected``
+    is the state the caller decided on; when the run has moved on since, the
+    attempt is audited and ``TransitionLost`` raised, as it is when a
+    concurrent writer wins the optimistic lock. Raises
     ``InvalidTransitionError`` for an edge that is not legal from the run's
     current state.
     """
@@ -119,6 +102,9 @@ def run_transition(
         with transaction.atomic():
             run = Run.objects.defer(*Run.BULKY_FIELDS).get(pk=run_id)
             source = run.state
+            if caller is None:
+                found = edge(source, target)
+                caller = found.triggered_by if found else "unknown"
             if expected is not None and source != expected:
                 raise ConcurrentTransition(f"expected {expected}, found {source}")
             if not is_legal(source, target, closing_cause=run.closing_cause, forced_by=forced_by):
@@ -141,45 +127,42 @@ def run_transition(
             # cancel request stored by another transaction since our read.
             run.save(update_fields=TRANSITION_FIELDS)
 
-            _record(run, source, target, now, caller=caller, actor=actor, forced_by=forced_by,
-                    message=message, data=data, trace=trace, audit_event=audit_event)
+            transition_data = {"caller": caller, **({"forced_by": forced_by} if forced_by else {}), **data}
+            traces = [Trace(run=run, kind=TraceKind.TRANSITION, from_state=source, to_state=target,
+                            data=transition_data)]
+            if trace is not None:
+                traces.append(Trace(run=run, kind=trace.kind, from_state=source, to_state=target, step=trace.step,
+                                    data=trace.data, error=trace.error))
+            statements.insert(traces)
+            record_state(run, source, target, now, event=FINAL_AUDIT_EVENT.get(target, AuditEvent.STATE_CHANGED),
+                         caller=caller, actor=actor, forced_by=forced_by, message=message or f"{source} → {target}",
+                         data=data)
             return run
     except InvalidTransitionError as exc:
-        audit_independently(
-            run_id=run_id, tenant_id=_tenant_of(run_id), event="invalid_transition", actor=_user_or_none(actor),
-            caller=caller, forced_by=forced_by, from_state=exc.source, to_state=target, data=data,
-        )
+        audit(AuditEvent.INVALID_TRANSITION, run_id=run_id, tenant_id=_tenant_of(run_id), actor=actor,
+              caller=exc.caller, forced_by=forced_by, from_state=exc.source, to_state=target, data=data,
+              independently=True)
         raise
     except ConcurrentTransition:
         current = Run.objects.filter(pk=run_id).values_list("state", flat=True).first() or ""
         wanted_from = expected or source
-        audit_independently(
-            run_id=run_id, tenant_id=_tenant_of(run_id), event="transition_lost", actor=_user_or_none(actor),
-            caller=caller, forced_by=forced_by, from_state=wanted_from, to_state=target,
-            data={**data, "current_state": current},
-        )
+        audit(AuditEvent.TRANSITION_LOST, run_id=run_id, tenant_id=_tenant_of(run_id), actor=actor,
+              caller=caller or "unknown", forced_by=forced_by, from_state=wanted_from, to_state=target,
+              data={**data, "current_state": current}, independently=True)
         raise TransitionLost(run_id, wanted_from, target, current) from None
 
 
-def _record(run: Run, source: str, target: str, now, *, caller, actor, forced_by, message, data, trace, audit_event):
-    transition_data = {"caller": caller, **({"forced_by": forced_by} if forced_by else {}), **data}
-    traces = [
-        Trace(run=run, kind=TraceKind.TRANSITION, from_state=source, to_state=target, data=transition_data)
-    ]
-    if trace is not None:
-        traces.append(Trace(run=run, kind=trace.kind, from_state=source, to_state=target, step=trace.step,
-                            data=trace.data, error=trace.error))
-    # Every transition writes these four: compiled statements (see execgo/statements.py).
-    statements.insert(traces)
+def record_state(run: Run, source: str | None, target: str, now: datetime, *, event: AuditEvent, caller: str,
+                 actor: Any = None, forced_by: str = "", message: str, data: dict[str, Any]) -> None:
+    """The projector: the Event (outbox) row, the AuditLog row and the Job
+    projection of ``run`` entering ``target`` (from ``source``; None when
+    the run was just created), in the caller's transaction."""
     statements.insert([Event(
-        type=EventType.RUN_STATE_CHANGED, run=run, timestamp=now, message=message or f"{source} → {target}",
+        type=EventType.RUN_STATE_CHANGED, run=run, timestamp=now, message=message,
         data={"from": source, "to": target, "closing_cause": run.closing_cause},
     )])
-    statements.insert([AuditLog(
-        run=run, tenant_id=run.tenant_id, event=audit_event or FINAL_AUDIT_EVENT.get(target, "state_changed"),
-        actor=_user_or_none(actor), caller=caller, forced_by=forced_by, from_state=source, to_state=target,
-        data=data,
-    )])
+    audit(event, run_id=run.pk, tenant_id=run.tenant_id, actor=actor, caller=caller, forced_by=forced_by,
+          from_state=source or "", to_state=target, data=data)
     # The projection follows the job's latest run only: an older run of the
     # same job is final and can no longer move, but never let it overwrite.
     statements.update(Job, {"id": run.job_id, "latest_run_id": run.pk}, {
@@ -190,10 +173,6 @@ def _record(run: Run, source: str, target: str, now, *, caller, actor, forced_by
         },
         "updated_at": now,
     })
-
-
-def _user_or_none(actor: Any):
-    return actor if getattr(actor, "is_authenticated", False) else None
 
 
 def _tenant_of(run_id: int) -> int | None:

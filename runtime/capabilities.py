@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 from django.conf import settings
 
+from runtime.layout import shim_command
 from runtime.sandbox import bwrap_argv, bwrap_path
 
 _lock = threading.Lock()
@@ -33,12 +34,12 @@ PROBE_TIMEOUT_S = 10
 
 
 def host_name() -> str:
-    return getattr(settings, "EXECGO_HOST_NAME", None) or socket.gethostname()
+    return settings.EXECGO_HOST_NAME or socket.gethostname()
 
 
 def sandbox_uid() -> int | None:
     """The uid untrusted commands drop to when the worker runs as root (None: never drop)."""
-    return getattr(settings, "EXECGO_SANDBOX_UID", 65534)
+    return settings.EXECGO_SANDBOX_UID
 
 
 def capability_manifest(*, refresh: bool = False) -> dict[str, Any]:
@@ -76,8 +77,6 @@ def probe_host() -> dict[str, Any]:
 
 
 def _shim_self_test() -> dict[str, Any]:
-    from runtime.executor import shim_command
-
     try:
         proc = subprocess.run(
             shim_command("--probe"), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False

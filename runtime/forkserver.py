@@ -19,7 +19,7 @@ as PID 1 of a fresh PID namespace when the plan asks for one.
   with another code version (shim sources or interpreter changed), so a
   deploy never keeps running stale shim code.
 
-Clients (``runtime.executor``) call ``spawn_shim``; on any failure they start
+Clients (``runtime.launcher``) call ``spawn_shim``; on any failure they start
 the shim directly instead, so the server is an optimisation, never a
 dependency. Server side: ``python -I -S runtime/forkserver.py <tasks_dir>
 <idle_s>``.

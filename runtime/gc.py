@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from runtime import shim
+from runtime.attach import shim_alive
 from runtime.envelopes import EnvelopeError
-from runtime.executor import WORKSPACE_DIR, shim_alive, task_dir
+from runtime.layout import WORKSPACE_DIR, task_dir
 
 PURGED_FILES = (shim.STDOUT_FILE, shim.STDERR_FILE, shim.PROGRESS_FILE, shim.STDIN_FILE, shim.SHIM_ERR_FILE)
 

@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from execgo import statements
+from runtime import statements
 from runtime.capabilities import capability_manifest, host_name
 from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity, Reservation
@@ -42,11 +42,9 @@ def host_register(
     if capabilities is None:
         capabilities = capability_manifest()
     wanted = {
-        "task_slots": task_slots or getattr(settings, "EXECGO_TASK_SLOTS", None) or capabilities["cpu"]["logical"],
-        "memory_bytes": memory_bytes
-        or getattr(settings, "EXECGO_MEMORY_BYTES", None)
-        or capabilities["memory"]["total_bytes"],
-        "pids": pids or getattr(settings, "EXECGO_PIDS_CAPACITY", 4096),
+        "task_slots": task_slots or settings.EXECGO_TASK_SLOTS or capabilities["cpu"]["logical"],
+        "memory_bytes": memory_bytes or settings.EXECGO_MEMORY_BYTES or capabilities["memory"]["total_bytes"],
+        "pids": pids or settings.EXECGO_PIDS_CAPACITY,
     }
     with transaction.atomic():
         row, _ = HostCapacity.objects.select_for_update().get_or_create(
@@ -167,7 +165,7 @@ def recover(host: str | None = None, *, keep: Callable[[str], bool] | None = Non
     """Rebuild host counters from Reservation rows (worker start).
 
     ``keep(handle_id)`` decides which reservations still belong to a running
-    step (e.g. ``runtime.executor.shim_alive``); the others are dropped.
+    step (e.g. ``runtime.attach.shim_alive``); the others are dropped.
     """
     host = host or host_name()
     dropped: list[str] = []

@@ -20,8 +20,7 @@ from django.conf import settings
 
 
 def bwrap_path() -> str | None:
-    configured = getattr(settings, "EXECGO_BWRAP_PATH", None)
-    return configured or shutil.which("bwrap")
+    return settings.EXECGO_BWRAP_PATH or shutil.which("bwrap")
 
 
 def hidden_paths() -> list[str]:

@@ -1,14 +1,18 @@
 """The precompiled statements write and read exactly what the ORM does, on
-both backends: JSON, aware datetimes, foreign keys, the rows matched."""
+both backends: JSON, aware datetimes, foreign keys, the rows matched; stamp
+``auto_now`` fields as ``save()`` does; refuse what would bypass a model's
+invariants; and run on the connection they are given."""
 
 from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, models, transaction
+from django.test.utils import isolate_apps
+from django.utils import timezone
 
-from execgo import statements
-from runs.models import Event, Run, Step
+from runs.models import AuditLog, Event, Job, Run, Step
+from runtime import statements
 from tests.conftest import postgres_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -102,3 +106,83 @@ def test_select_for_update_holds_the_row_lock_until_commit(make_run):
         assert other.execute("SELECT id FROM runs_run WHERE id = %s FOR UPDATE NOWAIT", [run.pk]).fetchone() == (run.pk,)
     finally:
         other.close()
+
+
+def test_update_refuses_the_run_state(make_run):
+    run = make_run("EXECUTING")
+
+    with pytest.raises(ValueError, match=r"Run\.state.*transition service"):
+        statements.update(Run, {"id": run.pk}, {"previous_state": "PLANNING", "state": "SUCCEEDED"})
+    assert Run.objects.filter(pk=run.pk).values_list("state", "previous_state").get() == ("EXECUTING", "")
+
+
+def test_insert_refuses_a_run(tenant, agent):
+    job = Job.objects.create(tenant=tenant, created_by=agent)
+    run = Run(job=job, tenant=tenant, submitted_by=agent, state="SUCCEEDED", timeout_s=1, approval_timeout_s=1,
+              last_state_change_at=WHEN)
+
+    with pytest.raises(ValueError, match=r"statements\.insert refuses Run\.state"):
+        statements.insert([run])
+    assert not Run.objects.exists()
+
+
+@isolate_apps("runs")
+def test_update_refuses_a_field_whose_pre_save_it_cannot_run():
+    class Upload(models.Model):
+        name = models.CharField(max_length=10)
+        file = models.FileField()
+
+        class Meta:
+            app_label = "runs"
+
+    with pytest.raises(ValueError, match=r"pre_save of Upload\.file"):
+        statements.update(Upload, {"id": 1}, {"file": "a.txt"})
+
+
+def test_update_stamps_an_auto_now_field_left_out(make_run):
+    job = make_run("EXECUTING").job
+    Job.objects.filter(pk=job.pk).update(updated_at=datetime(2020, 1, 1, tzinfo=UTC))
+    before = timezone.now()
+
+    assert statements.update(Job, {"id": job.pk}, {"title": "x"}) == 1
+
+    job.refresh_from_db()
+    assert job.title == "x"
+    assert before <= job.updated_at <= timezone.now()
+
+
+def test_update_keeps_an_auto_now_value_given(make_run):
+    job = make_run("EXECUTING").job
+
+    assert statements.update(Job, {"id": job.pk}, {"title": "y", "updated_at": WHEN}) == 1
+
+    job.refresh_from_db()
+    assert (job.title, job.updated_at) == ("y", WHEN)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "audit"])
+def test_every_statement_runs_on_the_connection_named(make_run):
+    run = make_run("EXECUTING", timeout_s=7)
+    step = make_step(run)
+
+    assert statements.update(Step, {"id": step.pk, "attempt": 2}, {"run_status": "success"}, using="audit") == 1
+    statements.insert([Event(type="task_started", run=run, task_id="a", timestamp=WHEN, data={"via": "audit"})],
+                      using="audit")
+    loaded = statements.select_for_update(Run, run.pk, ("id", "timeout_s"), using="audit")
+
+    assert Step.objects.get(pk=step.pk).run_status == "success"
+    assert list(Event.objects.filter(run=run).values_list("data", flat=True)) == [{"via": "audit"}]
+    assert (loaded.timeout_s, loaded._state.db) == (7, "audit")
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True, databases=["default", "audit"])
+def test_an_insert_on_audit_outlives_the_rollback_of_default(make_run):
+    run = make_run("EXECUTING")
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        statements.insert([AuditLog(run=run, event="kept", data={"n": 1})], using="audit")
+        statements.insert([AuditLog(run=run, event="rolled_back")])
+        raise RuntimeError("roll default back")
+
+    assert list(AuditLog.objects.filter(run=run).values_list("event", "data")) == [("kept", {"n": 1})]

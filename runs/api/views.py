@@ -18,11 +18,11 @@ from runs.api.serializers import (
     RunSerializer,
     RunSummarySerializer,
 )
+from runs.dataplane import step_log_path
 from runs.models import Run
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
 from runs.statemachine import RunState
-from runs.step_runner import step_log_path
 
 LONG_POLL_MAX_S = 30.0
 LONG_POLL_INTERVAL_S = 0.2

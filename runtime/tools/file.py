@@ -26,7 +26,7 @@ MAX_LIST_ENTRIES = 1000
 
 
 def max_bytes() -> int:
-    return getattr(settings, "EXECGO_FILE_MAX_BYTES", 8 * 1024 * 1024)
+    return settings.EXECGO_FILE_MAX_BYTES
 
 
 def _invalid(message: str, **details: Any) -> EnvelopeError:

@@ -27,7 +27,7 @@ RETRYABLE_STATUS = {408, 429}
 
 
 def max_body_bytes() -> int:
-    return getattr(settings, "EXECGO_HTTP_MAX_BODY_BYTES", 1024 * 1024)
+    return settings.EXECGO_HTTP_MAX_BODY_BYTES
 
 
 def _invalid(message: str, **details: Any) -> EnvelopeError:

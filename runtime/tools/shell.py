@@ -28,7 +28,6 @@ from runtime.sandbox import bwrap_argv, bwrap_path
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DEFAULT_ENV_ALLOWLIST = ("LANG", "LANGUAGE", "LC_*", "TZ", "TERM", "NO_COLOR", "STEP_*")
 LIMIT_TERMINATIONS = {
     "cpu_limit": "the command exceeded its CPU time limit",
     "memory_limit": "the command ran out of its address-space limit",
@@ -73,18 +72,18 @@ def validate_params(params: Any) -> None:
 
 
 def _allowed(name: str) -> bool:
-    patterns = getattr(settings, "EXECGO_SHELL_ENV_ALLOWLIST", DEFAULT_ENV_ALLOWLIST)
+    patterns = settings.EXECGO_SHELL_ENV_ALLOWLIST
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, plan: dict[str, Any]) -> dict[str, Any]:
     """The shell-specific part of request.json (argv, cwd, env, sandbox)."""
     argv = (
-        params["argv"] if "argv" in params else [getattr(settings, "EXECGO_SHELL", "/bin/sh"), "-c", params["script"]]
+        params["argv"] if "argv" in params else [settings.EXECGO_SHELL, "-c", params["script"]]
     )
     cwd = workspace.joinpath(*relative_parts(params.get("cwd", ".")))
     env = {
-        "PATH": getattr(settings, "EXECGO_SHELL_PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "PATH": settings.EXECGO_SHELL_PATH,
         "HOME": str(workspace),
         "LANG": "C.UTF-8",
         "TMPDIR": "/tmp",
@@ -176,7 +175,7 @@ def _error_for(outcome: dict[str, Any], request: dict[str, Any]) -> dict[str, An
 
 def result_envelope(outcome: dict[str, Any], request: dict[str, Any], task_dir: Path) -> dict[str, Any]:
     """Turn the shim's facts (result.json) into the SPEC §4 step result."""
-    tail = getattr(settings, "EXECGO_OUTPUT_TAIL_BYTES", 64 * 1024)
+    tail = settings.EXECGO_OUTPUT_TAIL_BYTES
     error = _error_for(outcome, request)
     status = "success" if error is None else ("cancelled" if error["code"] == "cancelled" else "failed")
     exit_code = outcome.get("exit_code")

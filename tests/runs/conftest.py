@@ -1,8 +1,8 @@
 import pytest
 from django.utils import timezone
 
+from runs.dataplane import current_host, new_handle_id, resolve_step_plan
 from runs.models import Run, Step, StepRunStatus, StepStatus
-from runs.step_runner import current_host, new_handle_id, resolve_step_plan
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 
 from runs.execution import step_reattach
 from runs.models import AuditLog, Run, Step, StepRunStatus, StepStatus
-from runtime import executor
+from runtime import layout
 from tests.conftest import purge_broker
 from tests.runs.conftest import start_attempt
 
@@ -18,7 +18,7 @@ def claimed_but_never_prepared(make_run, *, retries: int) -> Step:
     run = make_run("EXECUTING")
     step = start_attempt(Step.objects.create(run=run, step_id="a", position=0, tool="shell",
                                              params={"argv": ["true"]}, timeout_s=5, retries=retries))
-    assert not executor.task_dir(step.handle_id).exists()
+    assert not layout.task_dir(step.handle_id).exists()
     return step
 
 

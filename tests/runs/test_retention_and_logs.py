@@ -11,7 +11,7 @@ from runs.models import AuditLog, Run
 from runs.pipeline import run_advance
 from runs.retention import purge_expired_artifacts, run_handles
 from runs.services import run_submit
-from runtime.executor import task_dir
+from runtime.layout import task_dir
 from tests.conftest import make_user, token_client
 
 pytestmark = pytest.mark.django_db(transaction=True)

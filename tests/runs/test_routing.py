@@ -17,14 +17,14 @@ from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
 
+from runs.dataplane import SANDBOX_QUEUE, host_queue, new_handle_id
 from runs.execution import step_execute
 from runs.models import Run, Step
-from runs.step_runner import SANDBOX_QUEUE, host_queue, new_handle_id
-from runtime import executor, forkserver
+from runtime import forkserver, layout
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity, Reservation
-from runtime.plans import resolve_plan
+from runtime.plan_resolver import resolve_plan
 from tests.conftest import ROOT, WorkerProcess, log_tails, purge_broker, stop_workers, wait_for_run, wait_until
 
 PLAIN, BOXED = "plain-host", "boxed-host"
@@ -168,7 +168,7 @@ def test_a_host_without_bubblewrap_refuses_a_strict_sandbox_step_before_running_
     error = step.result["error"]
     assert (error["code"], error["source"], error["details"]["what"]) == ("denied", "executor", "profile")
     assert "linux_sandbox" in error["message"]
-    assert not executor.task_dir(handle).exists()  # nothing was prepared, let alone launched
+    assert not layout.task_dir(handle).exists()  # nothing was prepared, let alone launched
     assert not Reservation.objects.filter(handle_id=handle).exists()
     assert not HostCapacity.objects.filter(host="bare-host").exists()
     assert Run.objects.get(pk=run.pk).state == "CLOSED_FAILED"

@@ -12,7 +12,7 @@ from runs.execution import execute_claims, step_finish
 from runs.models import Run, Step, StepStatus
 from runs.pipeline import run_advance
 from runs.services import run_submit
-from runtime import executor, forkserver
+from runtime import executor, forkserver, layout
 from tests.conftest import simple_plan, wait_until
 from tests.runs.conftest import start_attempt
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def shims_of_the_fork_server() -> list[psutil.Process]:
-    pid = forkserver.server_pid(str(executor.tasks_dir()))
+    pid = forkserver.server_pid(str(layout.tasks_dir()))
     if pid is None:
         return []
     return [child for child in psutil.Process(pid).children() if child.status() != psutil.STATUS_ZOMBIE]
@@ -32,14 +32,14 @@ def test_each_next_step_of_a_chain_starts_in_a_spare(tenant, agent):
     execute_claims(run_advance(run.pk))
 
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
-    started = [json.loads((executor.task_dir(handle) / "launch.json").read_text())["via"]
+    started = [json.loads((layout.task_dir(handle) / "launch.json").read_text())["via"]
                for handle in Step.objects.filter(run=run).order_by("position").values_list("handle_id", flat=True)]
     assert started[1:] == ["spare"] * 4  # the first step's shim was forked on demand
     wait_until(lambda: shims_of_the_fork_server() == [], what="every shim and spare gone")
 
 
 def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_run):
-    forkserver.start_server(executor.shim_python(), str(executor.tasks_dir()), 600)
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
     run = make_run("EXECUTING")
     first, second = Step.objects.bulk_create([
         Step(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]}, timeout_s=5),

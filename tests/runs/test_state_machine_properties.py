@@ -17,9 +17,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from runs.closing import run_close
 from runs.errors import ConflictError
 from runs.models import AuditLog, Event, Job, Run, Trace
-from runs.pipeline import run_close
 from runs.reconcile import find_violations
 from runs.services import run_cancel, run_retry
 from runs.statemachine import ZOMBIE_SWEEPER

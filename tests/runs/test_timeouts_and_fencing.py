@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.db import DatabaseError
 
-from runs import pipeline
+from runs import closing
 from runs.execution import execute_claims
 from runs.models import AuditLog, Run
 from runs.pipeline import run_advance
@@ -63,7 +63,7 @@ def test_failed_trace_write_leaves_the_run_in_tracing_for_the_sweeper(tenant, ag
     def broken_memory_write(run):
         raise DatabaseError("disk full")
 
-    monkeypatch.setattr(pipeline, "memory_write", broken_memory_write)
+    monkeypatch.setattr(closing, "memory_write", broken_memory_write)
     with pytest.raises(DatabaseError):
         execute_claims(run_advance(run_id))
     run = Run.objects.get(pk=run_id)

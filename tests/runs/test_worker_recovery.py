@@ -28,9 +28,9 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
+from runs.dataplane import host_queue
 from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus
-from runs.step_runner import host_queue
-from runtime import executor, forkserver
+from runtime import attach, forkserver, layout
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import WorkerProcess, log_tails, purge_broker, stop_workers, wait_for_run, wait_until
 
@@ -82,7 +82,7 @@ def progressed(step: Step, message: str) -> bool:
 
 
 def shim_pid(handle_id: str) -> int:
-    return json.loads((executor.task_dir(handle_id) / "shim.json").read_text())["pid"]
+    return json.loads((layout.task_dir(handle_id) / "shim.json").read_text())["pid"]
 
 
 def kill_shim(handle_id: str) -> None:
@@ -140,16 +140,16 @@ def crash_and_recover(api, gates, first: WorkerProcess, second: WorkerProcess) -
     # kill -9 of the worker: its main process and all 20 pool processes.
     os.killpg(first.proc.pid, signal.SIGKILL)
     first.proc.wait(timeout=30)
-    assert all(executor.shim_alive(handle) for handle in handles.values()), "a shim died with its worker"
+    assert all(attach.shim_alive(handle) for handle in handles.values()), "a shim died with its worker"
 
     # No worker alive: group A's commands end, group K1's shims are killed.
     for run_id in in_group["K1"]:
         kill_shim(handles[run_id])
     open_gate(gates, "A-1")
     open_gate(gates, "A-2")
-    wait_until(lambda: not any(executor.shim_alive(handles[run_id]) for run_id in in_group["A"] + in_group["K1"]),
+    wait_until(lambda: not any(attach.shim_alive(handles[run_id]) for run_id in in_group["A"] + in_group["K1"]),
                timeout=30, what="the end of groups A and K1")
-    assert all(executor.read_result(handles[run_id])["status"] == "success" for run_id in in_group["A"])
+    assert all(attach.read_result(handles[run_id])["status"] == "success" for run_id in in_group["A"])
     # Nobody ingested anything meanwhile.
     assert Step.objects.filter(run_id__in=run_ids, run_status=StepRunStatus.RUNNING).count() == 20
     assert not AuditLog.objects.filter(event="step_reattached").exists()
@@ -213,7 +213,7 @@ def check_outcome(run_ids: list[int], handles: dict[int, str]) -> None:
     ledger = HostCapacity.objects.get(host=HOST)
     assert (ledger.task_slots_reserved, ledger.memory_bytes_reserved, ledger.pids_reserved) == (0, 0, 0)
     assert not Reservation.objects.filter(host=HOST).exists()
-    assert not any(executor.shim_alive(handle) for handle in handles.values())
+    assert not any(attach.shim_alive(handle) for handle in handles.values())
     out = io.StringIO()
     call_command("execgo_reconcile", stdout=out)
     assert "all invariants hold" in out.getvalue()

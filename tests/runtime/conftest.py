@@ -13,9 +13,9 @@ import psutil
 import pytest
 from django.conf import settings
 
-from runtime import executor, forkserver
+from runtime import executor, forkserver, layout
 from runtime.capabilities import capability_manifest
-from runtime.plans import resolve_plan
+from runtime.plan_resolver import resolve_plan
 
 # A Python the sandbox uid can execute (the project's virtualenv may live
 # under /root, which uid 65534 cannot enter).
@@ -39,7 +39,7 @@ def handle() -> Iterator[str]:
     """A fresh handle id; its task directories (``<id>``, ``<id>-*``) are removed afterwards."""
     handle_id = f"t-{uuid.uuid4().hex[:16]}"
     yield handle_id
-    for directory in executor.tasks_dir().glob(f"{handle_id}*"):
+    for directory in layout.tasks_dir().glob(f"{handle_id}*"):
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from runtime.shim import classify
+from runtime.shim_outcome import classify
 
 RUSAGE = {"utime_s": 0.01, "stime_s": 0.0}
 

@@ -63,14 +63,14 @@ def test_a_command_that_cannot_start_is_reported_alike(run_shell, limits, argv, 
 
 @needs_pid_namespace()
 def test_a_missing_working_directory_is_a_chdir_failure_on_the_spawn_path(run_shell, handle):
-    from runtime import executor
+    from runtime import attach, launcher
 
     # prepare() creates the cwd; take it away again before the shim starts.
-    directory = executor.prepare(handle, tool="shell", params={"argv": ["true"], "cwd": "gone"}, timeout_s=30,
+    directory = launcher.prepare(handle, tool="shell", params={"argv": ["true"], "cwd": "gone"}, timeout_s=30,
                                  attempt=1, plan={})
     (directory / "workspace" / "gone").rmdir()
-    executor.launch(handle)
-    result = executor.wait(handle)
+    launcher.launch(handle)
+    result = attach.wait(handle)
 
     assert result["details"]["started_by"] == "posix_spawn"
     assert result["details"]["termination"] == "exec_failed"

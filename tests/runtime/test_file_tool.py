@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from runtime import executor
+from runtime import executor, launcher, layout
 from tests.runtime.conftest import make_plan
 
 
@@ -13,7 +13,7 @@ def run_file(handle_id, params):
 
 
 def workspace_of(handle_id):
-    return executor.task_dir(handle_id) / "workspace"
+    return layout.task_dir(handle_id) / "workspace"
 
 
 def test_write_creates_parents_and_each_handle_has_its_own_workspace(handle):
@@ -30,7 +30,7 @@ def test_write_creates_parents_and_each_handle_has_its_own_workspace(handle):
 def test_read_and_list_in_the_same_workspace(handle):
     from runtime.tools import file as file_tool
 
-    directory = executor.prepare(handle, tool="file", params={"op": "list"}, timeout_s=5, attempt=1, plan=make_plan())
+    directory = launcher.prepare(handle, tool="file", params={"op": "list"}, timeout_s=5, attempt=1, plan=make_plan())
     workspace = directory / "workspace"
     (workspace / "d").mkdir()
     (workspace / "d" / "f.txt").write_text("content")
@@ -50,7 +50,7 @@ def test_traversal_is_denied(handle, path):
 def test_write_through_traversal_is_denied_and_writes_nothing(handle):
     result = run_file(handle, {"op": "write", "path": "../escape.txt", "content": "x"})
     assert result["error"]["code"] == "denied"
-    assert not (executor.task_dir(handle) / "escape.txt").exists()
+    assert not (layout.task_dir(handle) / "escape.txt").exists()
 
 
 @pytest.mark.parametrize("op", ["read", "write", "list"])
@@ -58,7 +58,7 @@ def test_symlink_escape_is_denied(handle, op, tmp_path):
     from runtime.envelopes import EnvelopeError
     from runtime.tools import file as file_tool
 
-    directory = executor.prepare(handle, tool="file", params={"op": "list"}, timeout_s=5, attempt=1, plan=make_plan())
+    directory = launcher.prepare(handle, tool="file", params={"op": "list"}, timeout_s=5, attempt=1, plan=make_plan())
     workspace = directory / "workspace"
     secret = tmp_path / "secret.txt"
     secret.write_text("top secret")
@@ -79,7 +79,7 @@ def test_symlink_escape_is_denied(handle, op, tmp_path):
 def test_symlink_inside_the_workspace_is_followed(handle):
     from runtime.tools import file as file_tool
 
-    directory = executor.prepare(handle, tool="file", params={"op": "list"}, timeout_s=5, attempt=1, plan=make_plan())
+    directory = launcher.prepare(handle, tool="file", params={"op": "list"}, timeout_s=5, attempt=1, plan=make_plan())
     workspace = directory / "workspace"
     (workspace / "real.txt").write_text("data")
     os.symlink("real.txt", workspace / "alias.txt")

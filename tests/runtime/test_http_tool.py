@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from runtime import executor
+from runtime import attach, executor
 from tests.runtime.conftest import make_plan
 
 
@@ -66,7 +66,7 @@ def test_get(server, handle):
     assert result["status"] == "success"
     assert result["output"] == {"status_code": 200, "body": "hello"}
     assert result["details"]["headers"]["X-Test"] == "yes"
-    assert executor.read_result(handle) == result
+    assert attach.read_result(handle) == result
 
 
 def test_post_json(server, handle):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from runtime import executor
+from runtime import attach, launcher
 from tests.runtime.conftest import live_processes, needs_pid_namespace, wait_until
 
 TREE_KILLS = [pytest.param("pid_namespace", marks=needs_pid_namespace()), "process_scan"]
@@ -67,7 +67,7 @@ def test_cancel_leaves_no_process_within_two_seconds(run_shell, handle, marker, 
 def test_cancel_from_another_thread_by_handle(run_shell, handle, marker):
     def cancel_soon():
         wait_until(lambda: live_processes(marker) != [], 10)
-        executor.cancel(handle)
+        attach.cancel(handle)
 
     canceller = threading.Thread(target=cancel_soon)
     canceller.start()
@@ -81,13 +81,13 @@ def test_cancel_from_another_thread_by_handle(run_shell, handle, marker):
 def test_cancel_file_before_start_never_runs_the_command(handle, marker):
     from tests.runtime.conftest import make_plan
 
-    directory = executor.prepare(
+    directory = launcher.prepare(
         handle, tool="shell", params={"script": f"touch ran; sleep 600.{marker}"}, timeout_s=60, attempt=1,
         plan=make_plan(),
     )  # fmt: skip
-    executor.cancel(handle)
-    executor.launch(handle)
-    result = executor.wait(handle)
+    attach.cancel(handle)
+    launcher.launch(handle)
+    result = attach.wait(handle)
     assert result["status"] == "cancelled"
     assert not (directory / "workspace" / "ran").exists()
     assert result["output"]["exit_code"] is None

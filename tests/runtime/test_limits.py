@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from runtime import executor
+from runtime import layout
 from tests.runtime.conftest import MIB, SYSTEM_PYTHON, live_processes, needs_bubblewrap, needs_system_python
 
 REPEAT = range(20)
@@ -63,7 +63,7 @@ def test_ten_gigabyte_write_is_file_size_limit(run_shell, handle, iteration):
     assert result["status"] == "failed"
     assert result["details"]["termination"] == "file_size_limit"
     assert result["details"]["signal_name"] == "SIGXFSZ"
-    written = executor.task_dir(handle) / "workspace" / "big.bin"
+    written = layout.task_dir(handle) / "workspace" / "big.bin"
     assert written.stat().st_size == 1 * MIB
 
 

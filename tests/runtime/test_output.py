@@ -5,14 +5,14 @@ import os
 import psutil
 import pytest
 
-from runtime import executor
+from runtime import attach, executor, layout
 from tests.runtime.conftest import make_plan
 
 
 def test_yes_with_small_log_cap_keeps_cap_and_counts_the_rest(run_shell, handle):
     cap = 64 * 1024
     result = run_shell({"argv": ["yes"]}, timeout_s=2, limits={"log_cap_bytes": cap})
-    log = executor.task_dir(handle) / "stdout.log"
+    log = layout.task_dir(handle) / "stdout.log"
     assert result["details"]["termination"] == "timeout"
     assert log.stat().st_size == cap
     assert log.read_bytes() == b"y\n" * (cap // 2)
@@ -23,7 +23,7 @@ def test_yes_with_small_log_cap_keeps_cap_and_counts_the_rest(run_shell, handle)
 def test_zero_log_cap_writes_nothing_but_counts(run_shell, handle):
     result = run_shell({"script": "head -c 5000 /dev/zero; head -c 300 /dev/zero >&2"}, limits={"log_cap_bytes": 0})
     assert result["status"] == "success"
-    assert (executor.task_dir(handle) / "stdout.log").stat().st_size == 0
+    assert (layout.task_dir(handle) / "stdout.log").stat().st_size == 0
     assert result["details"]["stdout_truncated_bytes"] == 5000
     assert result["details"]["stderr_truncated_bytes"] == 300
 
@@ -49,7 +49,7 @@ def test_success_envelope_shape(run_shell, handle):
     assert result["details"]["rusage"]["maxrss_kb"] > 0
     assert result["started_at"].endswith("Z") and result["finished_at"].endswith("Z")
     assert result["error"] is None
-    assert executor.read_result(handle) == result
+    assert attach.read_result(handle) == result
 
 
 def test_non_zero_exit_is_failed_external_failure(run_shell):
@@ -80,7 +80,7 @@ def test_progress_lines_reach_the_callback_and_the_file(run_shell, handle):
     result = run_shell({"script": script}, on_progress=lambda percent, message: seen.append((percent, message)))
     assert result["status"] == "success"
     assert seen == [(10, "fetching"), (90, "almost")]
-    lines = (executor.task_dir(handle) / "progress.jsonl").read_text().splitlines()
+    lines = (layout.task_dir(handle) / "progress.jsonl").read_text().splitlines()
     assert len(lines) == 2
 
 
@@ -112,7 +112,7 @@ def test_environment_is_clean_and_filtered(run_shell, monkeypatch):
 
 def test_cwd_inside_workspace(run_shell, handle):
     result = run_shell({"argv": ["pwd"], "cwd": "sub/dir"})
-    assert result["output"]["stdout"].strip() == str(executor.task_dir(handle) / "workspace" / "sub" / "dir")
+    assert result["output"]["stdout"].strip() == str(layout.task_dir(handle) / "workspace" / "sub" / "dir")
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_bad_params_fail_before_anything_runs(handle, params, code):
     assert result["status"] == "failed"
     assert result["error"]["code"] == code
     assert result["attempt"] == 2
-    assert not os.path.exists(executor.task_dir(handle) / "request.json")
+    assert not os.path.exists(layout.task_dir(handle) / "request.json")
 
 
 def test_a_flood_of_output_does_not_grow_the_worker(run_shell, handle):
@@ -145,6 +145,6 @@ def test_a_flood_of_output_does_not_grow_the_worker(run_shell, handle):
     result = run_shell({"argv": ["yes"]}, timeout_s=5, limits={"log_cap_bytes": cap})
     grown = worker.memory_info().rss - before
     assert result["details"]["termination"] == "timeout"
-    assert (executor.task_dir(handle) / "stdout.log").stat().st_size == cap
+    assert (layout.task_dir(handle) / "stdout.log").stat().st_size == cap
     assert result["details"]["stdout_truncated_bytes"] > 100 * cap  # it really flooded
     assert grown < 50 * 1024 * 1024

@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from runtime.envelopes import EnvelopeError
-from runtime.plans import resolve_plan
+from runtime.plan_resolver import resolve_plan
 
 ROOT_HOST = {
     "host": {"name": "h1"},

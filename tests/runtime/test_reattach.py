@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from runtime import executor, forkserver
+from runtime import attach, forkserver, launcher, layout
 from tests.runtime.conftest import live_processes, make_plan, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,13 @@ WORKER = textwrap.dedent(
     os.environ["DJANGO_SETTINGS_MODULE"] = "execgo.settings"
     django.setup()
     from django.conf import settings
-    from runtime import executor
-    from runtime.plans import resolve_plan
+    from runtime import attach, launcher, layout
+    from runtime.plan_resolver import resolve_plan
     settings.EXECGO_SHIM_FORKSERVER = sys.argv[2] == "forkserver"
     handle = sys.argv[1]
-    executor.prepare(handle, tool="shell", params={"script": sys.argv[3]}, timeout_s=60, attempt=1,
+    launcher.prepare(handle, tool="shell", params={"script": sys.argv[3]}, timeout_s=60, attempt=1,
                      plan=resolve_plan({"profile": "process"}))
-    shim = executor.launch(handle)
+    shim = launcher.launch(handle)
     print(shim.pid, shim.via, flush=True)
     time.sleep(600)
     """
@@ -52,50 +52,50 @@ def test_shim_survives_sigkill_of_its_worker(handle, marker, via):
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         if via == "forkserver":  # the server dying does not matter either
-            server = forkserver.server_pid(str(executor.tasks_dir()))
+            server = forkserver.server_pid(str(layout.tasks_dir()))
             os.kill(server, signal.SIGKILL)
-        assert executor.shim_alive(handle)
-        result = executor.wait(handle)
+        assert attach.shim_alive(handle)
+        result = attach.wait(handle)
     finally:
         if worker.poll() is None:
             worker.kill()
     assert result["status"] == "success"
     assert result["output"]["stdout"] == "finished\n"
-    assert executor.read_result(handle) == result
-    assert not executor.shim_alive(handle)
+    assert attach.read_result(handle) == result
+    assert not attach.shim_alive(handle)
     assert live_processes(marker) == []
 
 
 def test_wait_reports_internal_when_the_shim_is_killed(handle, marker):
     plan = make_plan()
-    executor.prepare(
+    launcher.prepare(
         handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1, plan=plan
     )
-    executor.launch(handle)
-    shim_file = executor.task_dir(handle) / "shim.json"
+    launcher.launch(handle)
+    shim_file = layout.task_dir(handle) / "shim.json"
     assert wait_until(lambda: shim_file.exists() and live_processes(marker) != [])
     os.kill(json.loads(shim_file.read_text())["pid"], signal.SIGKILL)
-    result = executor.wait(handle)
+    result = attach.wait(handle)
     assert result["status"] == "failed"
     assert result["error"]["code"] == "internal"
     assert "no result" in result["error"]["message"] or "without writing result.json" in result["error"]["message"]
-    assert executor.read_result(handle) == result
+    assert attach.read_result(handle) == result
     if plan["tree_kill"] == "pid_namespace":  # the kernel takes the command down with its PID 1
         assert wait_until(lambda: live_processes(marker) == [], 2)
 
 
 def test_shim_alive_defeats_pid_reuse(handle):
-    executor.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
-    directory = executor.task_dir(handle)
+    launcher.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
+    directory = layout.task_dir(handle)
     # Our own (live) pid, with a create time that is not ours: a reused pid.
     (directory / "shim.json").write_text(json.dumps({"pid": os.getpid(), "create_time": time.time() - 3600}))
-    assert not executor.shim_alive(handle)
+    assert not attach.shim_alive(handle)
     import psutil
 
     (directory / "shim.json").write_text(
         json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time()})
     )
-    assert executor.shim_alive(handle)
+    assert attach.shim_alive(handle)
 
 
 def test_shim_records_its_own_pid_and_start_time(run_shell, handle):
@@ -109,7 +109,7 @@ def test_shim_records_its_own_pid_and_start_time(run_shell, handle):
             return False  # gone (a reused pid would show another create time)
 
     result = run_shell({"argv": ["true"]})
-    info = json.loads((executor.task_dir(handle) / "shim.json").read_text())
+    info = json.loads((layout.task_dir(handle) / "shim.json").read_text())
     assert result["status"] == "success"
     assert info["pid"] > 1
     assert abs(info["create_time"] - time.time()) < 60
@@ -118,26 +118,26 @@ def test_shim_records_its_own_pid_and_start_time(run_shell, handle):
 
 
 def test_read_result_is_none_while_running(handle, marker):
-    executor.prepare(
+    launcher.prepare(
         handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1, plan=make_plan()
     )
-    executor.launch(handle)
+    launcher.launch(handle)
     assert wait_until(lambda: live_processes(marker) != [])
-    assert executor.read_result(handle) is None
-    assert executor.shim_alive(handle)
-    executor.cancel(handle)
-    assert executor.wait(handle)["status"] == "cancelled"
+    assert attach.read_result(handle) is None
+    assert attach.shim_alive(handle)
+    attach.cancel(handle)
+    assert attach.wait(handle)["status"] == "cancelled"
 
 
 def test_a_handle_is_launched_once(handle):
     from runtime.envelopes import EnvelopeError
 
-    executor.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
-    executor.launch(handle)
+    launcher.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
+    launcher.launch(handle)
     with pytest.raises(EnvelopeError) as refused:
-        executor.launch(handle)
+        launcher.launch(handle)
     assert refused.value.code == "invalid_input"
-    assert executor.wait(handle)["status"] == "success"
+    assert attach.wait(handle)["status"] == "success"
 
 
 def test_prepare_refuses_a_launched_handle(run_shell, handle):
@@ -145,5 +145,5 @@ def test_prepare_refuses_a_launched_handle(run_shell, handle):
 
     run_shell({"argv": ["true"]})
     with pytest.raises(EnvelopeError) as refused:
-        executor.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
+        launcher.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
     assert refused.value.code == "invalid_input"

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from django.conf import settings
 
-from runtime import executor
+from runtime import attach, layout
 from runtime.envelopes import EnvelopeError
-from runtime.plans import resolve_plan
+from runtime.plan_resolver import resolve_plan
 from tests.runtime.conftest import SYSTEM_PYTHON, needs_bubblewrap, needs_system_python
 
 pytestmark = needs_bubblewrap()
@@ -22,7 +22,7 @@ def test_writes_outside_the_workspace_fail(run_shell, handle):
     assert result["output"]["stdout"] == "rc=2\n"  # dash: a failed redirection
     assert "Read-only file system" in result["details"]["stderr"]
     assert not os.path.exists(outside)
-    assert (executor.task_dir(handle) / "workspace" / "ok.txt").read_text() == "inside\n"
+    assert (layout.task_dir(handle) / "workspace" / "ok.txt").read_text() == "inside\n"
 
 
 def test_the_task_directory_is_out_of_reach(run_shell, handle):
@@ -33,8 +33,8 @@ def test_the_task_directory_is_out_of_reach(run_shell, handle):
     )
     assert result["status"] == "success"
     assert result["output"]["stdout"] == "workspace\n"
-    assert not (executor.task_dir(handle) / "escape.txt").exists()
-    assert executor.read_result(handle)["status"] == "success"
+    assert not (layout.task_dir(handle) / "escape.txt").exists()
+    assert attach.read_result(handle)["status"] == "success"
 
 
 def test_private_tmp_is_not_the_hosts(run_shell):
@@ -81,7 +81,7 @@ def test_strict_without_bubblewrap_refuses_before_running(manifest, handle):
         resolve_plan({"profile": "linux_sandbox"}, mode="strict", manifest=no_bwrap)
     assert refused.value.envelope["code"] == "denied"
     assert "bubblewrap" in refused.value.envelope["message"]
-    assert not executor.task_dir(handle).exists()
+    assert not layout.task_dir(handle).exists()
 
 
 def test_adaptive_without_bubblewrap_downgrades_and_says_so(manifest, run_shell):

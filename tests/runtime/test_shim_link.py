@@ -12,34 +12,34 @@ import sys
 import psutil
 import pytest
 
-from runtime import executor, forkserver
+from runtime import attach, forkserver, launcher, layout
 from tests.runtime.conftest import live_processes, make_plan, wait_until
 
 
 def test_the_launcher_wakes_on_done_with_the_result_written(handle):
-    executor.prepare(handle, tool="shell", params={"argv": ["echo", "hi"]}, timeout_s=5, attempt=1, plan=make_plan())
-    launched = executor.launch(handle)
+    launcher.prepare(handle, tool="shell", params={"argv": ["echo", "hi"]}, timeout_s=5, attempt=1, plan=make_plan())
+    launched = launcher.launch(handle)
     assert (launched.via, launched.link is not None) == ("forkserver", True)
 
-    result = executor.wait(handle, launched=launched)
+    result = attach.wait(handle, launched=launched)
 
     assert (result["status"], result["output"]["stdout"]) == ("success", "hi\n")
-    assert executor.read_result(handle) == result
+    assert attach.read_result(handle) == result
     assert launched.link.sock.fileno() == -1  # wait() closed it
-    shim = json.loads((executor.task_dir(handle) / "shim.json").read_text())
+    shim = json.loads((layout.task_dir(handle) / "shim.json").read_text())
     assert (shim["pid"], shim["create_time"]) == (launched.pid, launched.create_time)
 
 
 def test_a_shim_killed_mid_step_ends_its_link_and_the_step_fails(handle, marker):
     plan = make_plan()
-    executor.prepare(handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1,
+    launcher.prepare(handle, tool="shell", params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=600, attempt=1,
                      plan=plan)
-    launched = executor.launch(handle)
+    launched = launcher.launch(handle)
     assert launched.link is not None
     assert wait_until(lambda: live_processes(marker) != [])
 
     os.kill(launched.pid, signal.SIGKILL)
-    result = executor.wait(handle, launched=launched)
+    result = attach.wait(handle, launched=launched)
 
     assert result["status"] == "failed"
     assert result["error"]["code"] == "internal"
@@ -103,7 +103,7 @@ def test_a_link_is_finished_by_its_end(linked):
 
 
 def ensure_server() -> None:
-    forkserver.start_server(executor.shim_python(), str(executor.tasks_dir()), 600)
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
 
 
 def spare_pid(spare: forkserver.ShimLink) -> int:
@@ -121,40 +121,40 @@ def running(pid: int) -> bool:
 def test_a_spare_runs_the_step_it_is_handed(handle):
     ensure_server()
     plan = make_plan()
-    spare = executor.warm_shim(plan)
+    spare = launcher.warm_shim(plan)
     assert spare is not None
-    executor.prepare(handle, tool="shell", params={"argv": ["echo", "spare"]}, timeout_s=5, attempt=1, plan=plan)
+    launcher.prepare(handle, tool="shell", params={"argv": ["echo", "spare"]}, timeout_s=5, attempt=1, plan=plan)
 
-    launched = executor.launch(handle, spare=spare)
-    result = executor.wait(handle, launched=launched)
+    launched = launcher.launch(handle, spare=spare)
+    result = attach.wait(handle, launched=launched)
 
     assert (launched.via, launched.link) == ("spare", spare)
     assert (result["status"], result["output"]["stdout"]) == ("success", "spare\n")
-    assert json.loads((executor.task_dir(handle) / "shim.json").read_text())["pid"] == launched.pid
-    assert json.loads((executor.task_dir(handle) / "launch.json").read_text())["via"] == "spare"
+    assert json.loads((layout.task_dir(handle) / "shim.json").read_text())["pid"] == launched.pid
+    assert json.loads((layout.task_dir(handle) / "launch.json").read_text())["via"] == "spare"
 
 
 def test_a_spare_closed_unused_exits_having_touched_nothing():
     ensure_server()
-    before = sorted(executor.tasks_dir().iterdir())
-    spare = executor.warm_shim(make_plan())
+    before = sorted(layout.tasks_dir().iterdir())
+    spare = launcher.warm_shim(make_plan())
     pid = spare_pid(spare)
     assert running(pid)
 
     spare.close()
 
     assert wait_until(lambda: not running(pid))
-    assert sorted(executor.tasks_dir().iterdir()) == before
+    assert sorted(layout.tasks_dir().iterdir()) == before
 
 
 def test_a_spare_of_another_isolation_is_left_unused(handle):
     ensure_server()
-    spare = executor.warm_shim(make_plan(tree_kill="process_scan"))
+    spare = launcher.warm_shim(make_plan(tree_kill="process_scan"))
     plan = make_plan()
-    executor.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=plan)
+    launcher.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=plan)
 
-    launched = executor.launch(handle, spare=spare)
-    result = executor.wait(handle, launched=launched)
+    launched = launcher.launch(handle, spare=spare)
+    result = attach.wait(handle, launched=launched)
 
     assert result["status"] == "success"
     if plan["tree_kill"] == "pid_namespace":
@@ -165,5 +165,5 @@ def test_a_spare_of_another_isolation_is_left_unused(handle):
 def test_no_spare_without_a_server(tmp_path, settings):
     settings.EXECGO_TASKS_DIR = str(tmp_path)
 
-    assert executor.warm_shim(make_plan()) is None
+    assert launcher.warm_shim(make_plan()) is None
     assert not (tmp_path / forkserver.SOCKET_NAME).exists()

@@ -12,7 +12,7 @@ from django.conf import settings
 
 from runs.errors import ErrorCode, ExecGoError
 from runtime.envelopes import EnvelopeError
-from runtime.plans import MODES, PROFILES, normalize_limits
+from runtime.plan_resolver import MODES, PROFILES, normalize_limits
 from runtime.tools import validate_params
 
 KNOWN_TOOLS = ("shell", "http", "file")

@@ -50,18 +50,10 @@ LIMIT_BOUNDS: dict[str, tuple[int, int]] = {
     "processes": (1, 1 << 22),
     "log_cap_bytes": (0, 1 << 40),
 }
-BASE_DEFAULT_LIMITS: dict[str, int | None] = {
-    "cpu_seconds": None,
-    "address_space_bytes": None,
-    "file_size_bytes": None,
-    "open_files": 1024,
-    "processes": None,
-    "log_cap_bytes": 8 * MIB,
-}
 
 
 def default_limits() -> dict[str, int | None]:
-    return {**BASE_DEFAULT_LIMITS, **getattr(settings, "EXECGO_DEFAULT_LIMITS", {})}
+    return dict(settings.EXECGO_DEFAULT_LIMITS)
 
 
 def _invalid(message: str, **details: Any) -> EnvelopeError:
@@ -109,7 +101,7 @@ def resolve_plan(
     unknown = sorted(set(requested) - {"profile", "limits"})
     if unknown:
         raise _invalid(f"unknown sandbox fields: {', '.join(unknown)}", unknown=unknown)
-    mode = mode or getattr(settings, "EXECGO_SANDBOX_MODE", "adaptive")
+    mode = mode or settings.EXECGO_SANDBOX_MODE
     if mode not in MODES:
         raise _invalid(f"mode must be one of {', '.join(MODES)}", mode=mode)
     profile = requested.get("profile") or "process"

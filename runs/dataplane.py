@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 
 from runs.models import Step
-from runtime import executor, ledger, shim
+from runtime import attach, executor, launcher, layout, ledger, shim
 from runtime.capabilities import capability_manifest, host_name
 from runtime.envelopes import EnvelopeError, error_envelope, failed_result
 from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
-from runtime.plans import resolve_plan
+from runtime.plan_resolver import resolve_plan
 
 DEFAULT_QUEUE = "celery"
 SANDBOX_QUEUE = "execgo.linux_sandbox"
@@ -88,7 +88,7 @@ def release_reservation(handle_id: str) -> None:
 def warm_shim(step: Step) -> ShimLink | None:
     """A shim forked ahead for the step that follows ``step`` on this
     worker, assuming it runs with the same isolation (else it goes unused)."""
-    return executor.warm_shim(step.effective_plan or {})
+    return launcher.warm_shim(step.effective_plan or {})
 
 
 def run_tool(step: Step, *, attempt: int, timeout_s: float, reserved: bool, cancel_requested: Callable[[], bool],
@@ -115,7 +115,7 @@ def step_log_path(step: Step, stream: str):
     """The log file of the step's latest attempt, or None once it is gone."""
     if stream not in LOG_STREAMS or not step.handle_id:
         return None
-    path = executor.task_dir(step.handle_id) / LOG_STREAMS[stream]
+    path = layout.task_dir(step.handle_id) / LOG_STREAMS[stream]
     return path if path.is_file() else None
 
 
@@ -125,7 +125,7 @@ def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: C
     attempt whose worker died between claiming and preparing it (retryable:
     nothing ran)."""
     try:
-        return executor.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
+        return attach.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
     except EnvelopeError as exc:
         error = error_envelope("internal", f"the attempt was claimed but never started: {exc.envelope['message']}",
                                retryable=True, details={"handle_id": step.handle_id})

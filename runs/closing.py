@@ -1,0 +1,99 @@
+"""Closing a run: from a transient state through TRACING to its final state.
+
+Every ending passes here (SPEC §2): the settle that sees a run's last step
+finish, the stages that fail, the sweeper, a decision on an approval and a
+cancel of a run waiting for one. Closing fences the steps still pending or
+in flight, so a late result finds its fence gone and is audited, not applied.
+"""
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.audit import audit
+from runs.errors import ErrorCode, error_envelope
+from runs.memory import memory_write
+from runs.models import AuditEvent, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
+from runs.outbox import emit_step_event
+from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
+from runs.steps import IN_FLIGHT, skip_pending, unstarted_result
+from runs.transitions import TraceRecord, TransitionLost, lock_run, run_transition
+
+S = RunState
+
+
+def run_close(run_id: int) -> Run | None:
+    """Take a run from a transient state through TRACING to its final state.
+
+    The RunTrace summary and the final AuditLog event commit with the final
+    transition. If writing them fails the run stays in TRACING, where the
+    sweeper finds it; it never skips to a final state.
+    """
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None or run.is_final:
+        return run
+    if run.state in TRANSIENT:
+        run = run_transition(run, S.TRACING, expected=run.state)
+    if run.state != S.TRACING:
+        return run
+    target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
+    cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
+    with transaction.atomic():
+        lock_run(run_id)  # before the steps' rows, as everywhere
+        fence_unfinished_steps(run, reason=f"run closed as {target}")
+        run = run_transition(
+            run, target, expected=S.TRACING,
+            actor=run.cancel_requested_by if target == S.CLOSED_CANCELLED else None,
+            trace=TraceRecord(TraceKind.RUN, _run_summary(run)),
+        )
+        if target == S.SUCCEEDED:
+            memory_write(run)
+        if cancel_superseded:
+            # A cancel that arrived too late to apply is answered, not dropped.
+            audit(AuditEvent.CANCEL_SUPERSEDED, run_id=run.pk, tenant_id=run.tenant_id,
+                  actor=run.cancel_requested_by, caller="tracer", to_state=target)
+    return run
+
+
+def run_cancel_awaiting_approval(run_id: int) -> Run | None:
+    """Apply a stored cancel request to a run waiting for approval: CANCELLED,
+    then closed. None when an approval, the expiry or the sweeper moved the
+    run first (the request then applies wherever the run went)."""
+    run = Run.objects.select_related("cancel_requested_by").get(pk=run_id)
+    try:
+        run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.AWAITING_HITL)
+        return run_close(run_id)
+    except TransitionLost:
+        return None
+
+
+def fence_unfinished_steps(run: Run, *, reason: str) -> None:
+    """When a run closes with steps still pending or in flight (the sweeper
+    or a timeout closed it under a slow worker), skip the pending ones and
+    end the in-flight attempts here, so that a late result of theirs finds
+    its fence gone and is audited instead of applied."""
+    steps = list(run.steps.exclude(status__in=[StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.SKIPPED]))
+    skip_pending(run, steps, reason)
+    for step in steps:
+        if step.run_status in IN_FLIGHT and Step.objects.filter(
+            pk=step.pk, attempt=step.attempt, run_status=step.run_status
+        ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now(),
+                 result=unstarted_result(step, step.attempt, step.started_at or timezone.now(),
+                                         error_envelope(ErrorCode.CANCELLED, reason, source="scheduler"))):
+            emit_step_event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
+
+
+def _run_summary(run: Run) -> dict:
+    transitions = list(run.traces.filter(kind=TraceKind.TRANSITION).values_list("to_state", "created_at"))
+    stages = {}
+    for (state, entered), (_next, left) in zip(transitions, transitions[1:]):
+        stages[state] = round((left - entered).total_seconds() * 1000, 3)
+    steps = list(run.steps.values("step_id", "status", "attempt"))
+    return {
+        "closing_cause": run.closing_cause,
+        "stage_ms": stages,
+        "total_ms": round((timezone.now() - run.created_at).total_seconds() * 1000, 3),
+        "steps": steps,
+        "attempts": sum(step["attempt"] for step in steps),
+        "policy_traces": list(run.traces.filter(kind=TraceKind.POLICY_DECISION).values_list("id", flat=True)),
+        "hitl_traces": list(run.traces.filter(kind=TraceKind.HITL_DECISION).values_list("id", flat=True)),
+    }

@@ -1,0 +1,224 @@
+"""Watch a launched step: liveness, cancel, its result, and waiting for it.
+
+The worker that launched a shim through the fork server waits on the
+shim's link, which says ``done`` the moment result.json is written; any
+other waiter (re-attaching after a worker restart, or a shim spawned
+directly) waits on a pidfd of the shim, waking the moment it exits.
+Neither polls for result.json. A shim is told apart from a process that
+reused its pid by its create time.
+
+Cancellation never goes through the broker: ``cancel`` writes the ``cancel``
+file (seen by the shim even if it starts later) and sends the shim SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from django.conf import settings
+
+from runtime import shim
+from runtime.envelopes import EnvelopeError
+from runtime.launcher import ShimHandle, reap_spawned
+from runtime.layout import LAUNCH_FILE, load_json, task_dir, write_json_atomic
+from runtime.tools import shell as shell_tool
+
+CREATE_TIME_TOLERANCE_S = 0.05
+
+
+def _shim_info(directory: Path) -> dict[str, Any] | None:
+    return load_json(directory / shim.SHIM_FILE) or load_json(directory / LAUNCH_FILE)
+
+
+def _same_process(info: dict[str, Any]) -> psutil.Process | None:
+    """The live process described by info, or None (gone, zombie, or pid reused)."""
+    try:
+        process = psutil.Process(info["pid"])
+        if (
+            info.get("create_time") is not None
+            and abs(process.create_time() - info["create_time"]) > CREATE_TIME_TOLERANCE_S
+        ):
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
+    except psutil.NoSuchProcess:
+        return None
+
+
+def shim_alive(handle_id: str) -> bool:
+    info = _shim_info(task_dir(handle_id))
+    return bool(info) and _same_process(info) is not None
+
+
+def cancel(handle_id: str) -> None:
+    """Ask the step to stop: durable cancel file, then SIGTERM to a live shim."""
+    directory = task_dir(handle_id)
+    if not directory.exists():
+        return
+    fd = os.open(directory / shim.CANCEL_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.close(fd)
+    info = _shim_info(directory)
+    if info and _same_process(info) is not None:
+        try:
+            os.kill(info["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def read_result(handle_id: str, *, request: dict[str, Any] | None = None) -> dict | None:
+    """The step result envelope if the step has finished, else None."""
+    directory = task_dir(handle_id)
+    raw = load_json(directory / shim.RESULT_FILE)
+    if raw is None:
+        return None
+    if "envelope" in raw:
+        return raw["envelope"]
+    request = request or load_json(directory / shim.REQUEST_FILE) or {"handle_id": handle_id}
+    return shell_tool.result_envelope(raw, request, directory)
+
+
+def _record_shim_failure(directory: Path, message: str) -> None:
+    """Leave a result.json so every later read_result agrees on the failure."""
+    try:
+        with open(directory / shim.SHIM_ERR_FILE, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 2000))
+            message += ": " + fh.read().decode(errors="replace").strip()
+    except FileNotFoundError:
+        pass
+    now = time.time()
+    write_json_atomic(
+        directory / shim.RESULT_FILE,
+        {"version": 1, "termination": None, "shim_error": message, "started_at": now, "finished_at": now},
+    )
+
+
+class _ProgressTail:
+    def __init__(self, path: Path, callback: Callable[[int, str], None] | None):
+        self.path, self.callback, self.offset, self.buffer = path, callback, 0, b""
+
+    def poll(self) -> None:
+        if self.callback is None:
+            return
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        lines = (self.buffer + data).split(b"\n")
+        self.buffer = lines.pop()
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            self.callback(int(record["percent"]), str(record.get("message", "")))
+
+
+def _open_pidfd(info: dict[str, Any] | None) -> int | None:
+    if not info:
+        return None
+    try:
+        fd = os.pidfd_open(info["pid"])
+    except ProcessLookupError:
+        return None
+    # Checked after opening: the pidfd pins this exact process, so a pid
+    # reused between the check and the open cannot fool us.
+    if _same_process(info) is None:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _kill_shim(info: dict[str, Any] | None) -> None:
+    if info and _same_process(info) is not None:
+        try:
+            # As PID 1 the shim takes its namespace along; without one the
+            # command has PDEATHSIG set and dies with it.
+            os.kill(info["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait(
+    handle_id: str,
+    *,
+    cancel_requested: Callable[[], bool] | None = None,
+    on_progress: Callable[[int, str], None] | None = None,
+    poll_interval: float = 0.02,
+    launched: ShimHandle | None = None,
+    request: dict[str, Any] | None = None,
+) -> dict:
+    """Block until the step's result exists and return its envelope.
+
+    Works for a shim started by another (possibly dead) process too: that is
+    how a restarted worker re-attaches. ``launched`` and ``request``: what
+    the caller's own ``launch`` and ``prepare`` gave, saving their reading
+    back from disk.
+    """
+    directory = task_dir(handle_id)
+    request = request or load_json(directory / shim.REQUEST_FILE)
+    if request is None:
+        raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
+    result_path = directory / shim.RESULT_FILE
+    progress = _ProgressTail(directory / shim.PROGRESS_FILE, on_progress)
+    backstop = (
+        time.monotonic()
+        + float(request["timeout_s"])
+        + float(request.get("kill_grace_s", 0.5))
+        + settings.EXECGO_SHIM_BACKSTOP_S
+    )
+    cancel_sent, pidfd = False, None
+    link = launched.link if launched is not None else None
+    # A shim forked by the server is the launched process itself (one spawned
+    # under unshare is that process's child: shim.json names it).
+    info = None
+    if launched is not None and launched.via in ("forkserver", "spare"):
+        info = {"pid": launched.pid, "create_time": launched.create_time}
+    try:
+        # Wait for the shim's end, not just for result.json: when wait()
+        # returns, the step's processes are gone (a shim says "done" only
+        # once it has killed and reaped them all).
+        while True:
+            if link is None and pidfd is None:
+                info = info or _shim_info(directory)
+                pidfd = _open_pidfd(info)
+                if pidfd is None:
+                    if not result_path.exists():
+                        _record_shim_failure(directory, "the shim is not running and left no result")
+                    break
+            ready, _, _ = select.select([link or pidfd], [], [], poll_interval)
+            progress.poll()
+            if ready and (link is None or link.finished()):
+                reap_spawned()
+                if not result_path.exists():
+                    _record_shim_failure(directory, "the shim exited without writing result.json")
+                break
+            if not cancel_sent and cancel_requested is not None and cancel_requested():
+                cancel(handle_id)
+                cancel_sent = True
+            if time.monotonic() > backstop:
+                _kill_shim(info)
+                if not result_path.exists():
+                    _record_shim_failure(directory, "the shim overran its timeout and was killed")
+                break
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+        if link is not None:
+            link.close()
+    progress.poll()
+    result = read_result(handle_id, request=request)
+    assert result is not None  # every path above leaves a result.json
+    return result

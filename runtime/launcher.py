@@ -1,0 +1,232 @@
+"""Prepare a step's task directory and start its shim, detached from the
+worker.
+
+Shell steps run in a shim (see runtime/shim.py) that is started without
+``preexec_fn`` (from the fork server, or by ``posix_spawn`` in a new
+session) and never is a child the worker must keep alive: if the worker is
+SIGKILLed the shim finishes, writes result.json, and a restarted worker
+re-attaches (see runtime/attach.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from django.conf import settings
+
+from runtime import forkserver, shim
+from runtime.envelopes import EnvelopeError
+from runtime.layout import (
+    LAUNCH_FILE,
+    WORKSPACE_DIR,
+    load_json,
+    shim_command,
+    shim_python,
+    task_dir,
+    tasks_dir,
+    write_json_atomic,
+)
+from runtime.plan_resolver import resolve_plan
+from runtime.tools import shell as shell_tool
+from runtime.tools import validate_params
+
+logger = logging.getLogger(__name__)
+
+SHIM_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+# Shims started by posix_spawn are our children until reaped.
+_spawned: set[int] = set()
+
+
+@dataclass(frozen=True)
+class ShimHandle:
+    handle_id: str
+    pid: int
+    create_time: float | None
+    via: str  # "forkserver" | "spare" (forked by the server ahead of its step) | "spawn"
+    # The fork server's shims report "done" on it (see forkserver.ShimLink).
+    link: forkserver.ShimLink | None = field(default=None, compare=False)
+
+
+def prepare(handle_id: str, *, tool: str, params: dict, timeout_s: float, attempt: int, plan: dict) -> Path:
+    """Write tasks/<handle_id>/request.json and create workspace/.
+
+    ``plan`` is the effective plan from ``resolve_plan``; a bare requested
+    sandbox (``{"profile", "limits"}``) is resolved here, adaptively.
+    """
+    return prepare_request(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt, plan=plan)[0]
+
+
+def prepare_request(handle_id: str, *, tool: str, params: dict, timeout_s: float, attempt: int, plan: dict
+                    ) -> tuple[Path, dict[str, Any]]:
+    """``prepare`` -> the task directory and the request written there."""
+    validate_params(tool, params)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < 7 * 86400:
+        raise EnvelopeError.of("invalid_input", "timeout_s must be a positive number of seconds")
+    plan = dict(plan or {})
+    if not {"profile", "limits", "tree_kill"} <= plan.keys():
+        plan = resolve_plan({key: plan[key] for key in ("profile", "limits") if key in plan})
+    directory = task_dir(handle_id)
+    if any((directory / name).exists() for name in (LAUNCH_FILE, shim.SHIM_FILE, shim.RESULT_FILE)):
+        raise EnvelopeError.of(
+            "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
+        )
+    workspace = directory / WORKSPACE_DIR
+    workspace.mkdir(parents=True, exist_ok=True)
+    os.chmod(workspace, 0o755)
+    owner = plan.get("uid")
+    group = plan.get("gid") if plan.get("gid") is not None else owner
+    if owner is not None and os.geteuid() == 0:
+        os.chown(workspace, owner, group)
+    request: dict[str, Any] = {
+        "version": 1,
+        "handle_id": handle_id,
+        "tool": tool,
+        "params": params,
+        "attempt": attempt,
+        "timeout_s": float(timeout_s),
+        "plan": plan,
+        "prepared_at": time.time(),
+        "workspace": str(workspace),
+    }
+    if tool == "shell":
+        command = shell_tool.build_request(params, handle_id=handle_id, workspace=workspace, plan=plan)
+        Path(command["cwd"]).mkdir(parents=True, exist_ok=True)
+        if owner is not None and os.geteuid() == 0:
+            for path in Path(command["cwd"]).relative_to(workspace).parents:
+                os.chown(workspace / path, owner, group)
+            os.chown(command["cwd"], owner, group)
+        if command["stdin"]:
+            (directory / shim.STDIN_FILE).write_text(params["stdin"])
+        request.update(command)
+        request.update(
+            {
+                "limits": plan["limits"],
+                "uid": plan.get("uid"),
+                "gid": plan.get("gid"),
+                "tree_kill": plan["tree_kill"],
+                "kill_grace_s": settings.EXECGO_KILL_GRACE_S,
+                "drain_grace_s": settings.EXECGO_DRAIN_GRACE_S,
+            }
+        )
+    write_json_atomic(directory / shim.REQUEST_FILE, request)
+    return directory, request
+
+
+def reap_spawned() -> None:
+    for pid in list(_spawned):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        except ChildProcessError:
+            pass
+        _spawned.discard(pid)
+
+
+def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
+    argv = shim_command(str(directory))
+    unshare = settings.EXECGO_UNSHARE_PATH
+    if pid_namespace and os.geteuid() == 0 and os.path.exists(unshare):
+        # The shim becomes PID 1 of a new namespace (see runtime/shim.py);
+        # --kill-child: if unshare is killed, so is the shim.
+        argv = [unshare, "--pid", "--fork", "--kill-child", *argv]
+    pid = os.posix_spawn(
+        argv[0],
+        argv,
+        SHIM_ENV,
+        setsid=True,
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            (
+                os.POSIX_SPAWN_OPEN,
+                2,
+                str(directory / shim.SHIM_ERR_FILE),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                0o644,
+            ),
+        ],
+    )
+    _spawned.add(pid)
+    return pid
+
+
+def warm_shim(plan: dict[str, Any]) -> forkserver.ShimLink | None:
+    """A spare shim (see runtime/forkserver.py) for a step that will run
+    with ``plan``'s isolation, forked while the caller does other work; for
+    ``launch(spare=…)``. None when the fork server is not in use or not up."""
+    if not settings.EXECGO_SHIM_FORKSERVER:
+        return None
+    return forkserver.spare_shim(shim_python(), str(tasks_dir()),
+                                 pid_namespace=plan.get("tree_kill") == "pid_namespace")
+
+
+def _start_shim(directory: Path, request: dict[str, Any], spare: forkserver.ShimLink | None = None
+                ) -> tuple[int, float | None, str, forkserver.ShimLink | None]:
+    reap_spawned()
+    pid_namespace = request.get("tree_kill") == "pid_namespace"
+    if spare is not None:
+        if spare.pid_namespace == pid_namespace:
+            try:
+                pid, created = spare.go(str(directory))
+                return pid, created, "spare", spare
+            except forkserver.ForkServerUnavailable as exc:
+                logger.info("spare shim unavailable, starting one: %s", exc)
+        spare.close()
+    pid, created, via, link = None, None, "spawn", None
+    if settings.EXECGO_SHIM_FORKSERVER:
+        try:
+            pid, created, link = forkserver.spawn_shim(
+                shim_python(),
+                str(tasks_dir()),
+                str(directory),
+                pid_namespace=pid_namespace,
+                idle_s=settings.EXECGO_SHIM_FORKSERVER_IDLE_S,
+            )
+            via = "forkserver"
+        except (forkserver.ForkServerUnavailable, OSError, ValueError) as exc:
+            logger.warning("shim fork server unavailable, spawning the shim directly: %s", exc)
+    if pid is None:
+        pid = _spawn_directly(directory, pid_namespace=pid_namespace)
+    if created is None:
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:
+            created = None  # already finished: wait() goes straight to result.json
+    return pid, created, via, link
+
+
+def launch(handle_id: str, *, request: dict[str, Any] | None = None, spare: forkserver.ShimLink | None = None
+           ) -> ShimHandle:
+    """Start the shim for a prepared handle, detached from this process.
+    ``request``: the one ``prepare`` wrote, when the caller has it.
+    ``spare``: a ``warm_shim`` to start it in; the caller closes it if this
+    raises (closing a spare that did start changes nothing for its step)."""
+    directory = task_dir(handle_id)
+    request = request or load_json(directory / shim.REQUEST_FILE)
+    if request is None:
+        raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
+    try:
+        # One shim per handle, even when a redelivered task races the first
+        # one: launch.json is the claim, filled in once the shim is started.
+        claim = os.open(directory / LAUNCH_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise EnvelopeError.of(
+            "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
+        ) from None
+    try:
+        pid, created, via, link = _start_shim(directory, request, spare)
+    except BaseException:
+        os.close(claim)
+        os.unlink(directory / LAUNCH_FILE)  # nothing started: the handle may be launched again
+        raise
+    with os.fdopen(claim, "w") as fh:
+        fh.write(json.dumps({"pid": pid, "create_time": created, "via": via}))
+    return ShimHandle(handle_id=handle_id, pid=pid, create_time=created, via=via, link=link)

@@ -1,0 +1,47 @@
+"""Every environment variable execgo/settings.py reads is documented in README.md."""
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+READERS = {"env_str", "env_int", "env_float", "env_bool", "env_list"}
+
+
+def settings_names() -> set[str]:
+    tree = ast.parse((ROOT / "execgo" / "settings.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in READERS:
+            first = node.args[0] if node.args else None
+            assert isinstance(first, ast.Constant) and isinstance(first.value, str), (
+                f"line {node.lineno}: {node.func.id} without a literal variable name"
+            )
+            names.add(first.value)
+    return names
+
+
+def readme_names() -> set[str]:
+    """The backquoted names in the first column of the Configuration table."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("|"):
+            names.update(re.findall(r"`([A-Z][A-Z0-9_*]*)`", line.split("|")[1]))
+    return names
+
+
+def test_every_setting_is_documented():
+    documented = readme_names()
+    read = settings_names()
+    assert len(read) > 50
+    missing = sorted(name for name in read if not any(fnmatch.fnmatchcase(name, doc) for doc in documented))
+    assert not missing, f"not in README.md's Configuration table: {missing}"
+
+
+def test_every_documented_name_is_read():
+    read = settings_names()
+    stale = sorted(doc for doc in readme_names() if not any(fnmatch.fnmatchcase(name, doc) for name in read))
+    assert not stale, f"README.md documents variables settings.py does not read: {stale}"
