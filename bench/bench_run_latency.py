@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchdb import ensure_database
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo_bench")
@@ -54,18 +56,6 @@ def machine_reference(n: int = 300) -> str:
             cursor.fetchone()
             round_trip.append((time.perf_counter() - start) * 1_000_000)
     return f"spawn of true {statistics.median(spawn):.2f} ms, database round trip {statistics.median(round_trip):.0f} µs"
-
-
-def ensure_database(url: str) -> None:
-    if not url.startswith("postgres"):
-        return
-    import psycopg
-
-    name = url.rsplit("/", 1)[1]
-    admin_url = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def main() -> None:

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchdb import ensure_database
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
@@ -39,18 +41,6 @@ HOST = "bench-statements"
 RESULT = {"status": "success", "output": {"stdout": "ok\n", "exit_code": 0}, "error": None, "duration_ms": 3}
 PLAN = {"profile": "process", "limits": {"timeout_s": 5, "log_cap_bytes": 1048576}}
 AMOUNTS = {"task_slots": 1, "memory_bytes": 0, "pids": 0}
-
-
-def ensure_database(url: str) -> None:
-    if not url.startswith("postgres"):
-        return
-    import psycopg
-
-    name = url.rsplit("/", 1)[1]
-    admin_url = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def main() -> None:

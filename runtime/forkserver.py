@@ -205,7 +205,9 @@ def spare_shim(python, tasks_dir, *, pid_namespace):
 
 def _shim_started(task_dir):
     """(pid, create_time) from the shim.json of a shim that has started, else None."""
-    import json  # client side only: the server itself stays a bare interpreter
+    # Client side only: the server itself stays a bare interpreter that
+    # imports neither json nor the runtime package.
+    import json
 
     from runtime.shim import SHIM_FILE
 
@@ -299,6 +301,8 @@ def serve(tasks_dir, idle_s):
         os._exit(0)  # tells the starter we listen; the child keeps lock and socket
     os.chdir("/")
 
+    # The server runs as a bare script: the shim is imported from beside it,
+    # once, so every forked shim starts with it loaded.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import shim
 

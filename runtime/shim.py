@@ -435,7 +435,7 @@ def main(task_dir, *, forked=False, link=None):
         supervisor = Supervisor(task_dir, req)
         result = supervisor.run()
     except BaseException as exc:
-        import traceback
+        import traceback  # only on failure: it costs start-up time
 
         with open(os.path.join(task_dir, SHIM_ERR_FILE), "a") as err:
             traceback.print_exc(file=err)

@@ -1,0 +1,21 @@
+"""The kernel's tables: runs and their steps (``run``), the policy
+(``policy``), and what runs leave behind (``records``)."""
+
+from runs.models.policy import PolicyRule, PolicyVersion, RiskLevel
+from runs.models.records import (
+    FINAL_AUDIT_EVENT,
+    AuditEvent,
+    AuditLog,
+    Event,
+    EventType,
+    MemoryEntry,
+    Trace,
+    TraceKind,
+)
+from runs.models.run import Job, JobStatus, Membership, Run, Step, StepRunStatus, StepStatus, Tenant
+
+__all__ = [
+    "FINAL_AUDIT_EVENT", "AuditEvent", "AuditLog", "Event", "EventType", "Job", "JobStatus", "Membership",
+    "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
+    "Tenant", "Trace", "TraceKind",
+]

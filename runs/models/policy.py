@@ -1,0 +1,52 @@
+"""The policy's rules and their version."""
+
+from django.db import models
+
+
+class RiskLevel(models.TextChoices):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    DENY = "deny"
+
+
+class PolicyRule(models.Model):
+    """Matches a tool call to a risk. Changed only through
+    ``runs.policy.policy_rule_save`` / ``policy_rule_delete``, which bump the
+    policy version in the same transaction."""
+
+    class Field(models.TextChoices):
+        ARGV = "argv"  # the shell command line, argv joined by spaces
+        SCRIPT = "script"
+        COMMAND = "command"  # argv or script, whichever the step has
+        URL = "url"
+        METHOD = "method"
+        PATH = "path"
+        OP = "op"
+
+    name = models.CharField(max_length=100, unique=True)
+    tool = models.CharField(max_length=20, help_text="shell, http, file, or * for any tool")
+    field = models.CharField(max_length=10, choices=Field.choices)
+    pattern = models.CharField(max_length=500, help_text="a Python regular expression, searched in the field")
+    negate = models.BooleanField(default=False, help_text="match when the pattern is NOT found")
+    outcome = models.CharField(max_length=10, choices=RiskLevel.choices)
+    reason = models.CharField(max_length=300)
+    enabled = models.BooleanField(default=True)
+    priority = models.IntegerField(default=100, help_text="lower runs first; listed in this order in traces")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["priority", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.outcome})"
+
+
+class PolicyVersion(models.Model):
+    """A single row: the current policy version, bumped on every rule change."""
+
+    version = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"policy v{self.version}"

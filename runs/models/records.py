@@ -1,0 +1,153 @@
+"""What runs leave behind: long-term memory, traces, the audit log and the
+event outbox."""
+
+from django.conf import settings
+from django.db import models
+
+from runs.models.run import Run, Step, Tenant
+from runs.statemachine import RunState
+
+S = RunState
+
+
+class MemoryEntry(models.Model):
+    """Long-term memory of an agent in a tenant, written only by the TRACING
+    stage of a run that ends SUCCEEDED."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memories")
+    agent = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories")
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="memory")
+    summary = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["tenant", "agent", "-id"], name="memory_recall")]
+
+    def __str__(self) -> str:
+        return f"memory of run {self.run_id}"
+
+
+class TraceKind(models.TextChoices):
+    TRANSITION = "transition"
+    RUN = "run"
+    STEP = "step"
+    MEMORY_RETRIEVE = "memory_retrieve"
+    TOOL_INVOCATION = "tool_invocation"
+    POLICY_DECISION = "policy_decision"
+    HITL_DECISION = "hitl_decision"
+
+
+class Trace(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="traces")
+    kind = models.CharField(max_length=20, choices=TraceKind.choices)
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="traces")
+    data = models.JSONField(default=dict, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} trace of run {self.run_id}"
+
+
+class AuditEvent(models.TextChoices):
+    """Every event the audit log records (written by ``runs.audit.audit``)."""
+
+    RUN_CREATED = "run_created"
+    STATE_CHANGED = "state_changed"  # a transition into a non-final state
+    RUN_SUCCEEDED = "run_succeeded"
+    RUN_REJECTED = "run_rejected"
+    RUN_FAILED = "run_failed"
+    RUN_CANCELLED = "run_cancelled"
+    INVALID_TRANSITION = "invalid_transition"
+    TRANSITION_LOST = "transition_lost"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCEL_REFUSED = "cancel_refused"
+    CANCEL_SUPERSEDED = "cancel_superseded"
+    APPROVAL_APPROVED = "approval_approved"
+    APPROVAL_REJECTED = "approval_rejected"
+    APPROVAL_REFUSED = "approval_refused"
+    ZOMBIE_DETECTED = "zombie_detected"
+    ZOMBIE_RECOVERED = "zombie_recovered"
+    STEP_REATTACHED = "step_reattached"
+    STALE_RESULT_IGNORED = "stale_result_ignored"
+    ARTIFACTS_PURGED = "artifacts_purged"
+
+
+# The one audit event of a run's final transition (SPEC §2.2: reconciliation).
+FINAL_AUDIT_EVENT: dict[str, AuditEvent] = {
+    S.SUCCEEDED: AuditEvent.RUN_SUCCEEDED,
+    S.CLOSED_REJECTED: AuditEvent.RUN_REJECTED,
+    S.CLOSED_FAILED: AuditEvent.RUN_FAILED,
+    S.CLOSED_CANCELLED: AuditEvent.RUN_CANCELLED,
+}
+
+
+class AuditLog(models.Model):
+    """Append-only record of who did what. Rows about a run must outlive a
+    rolled-back transaction, so ``run`` carries no database constraint (an
+    ``invalid_transition`` row may be written from a second connection while
+    the run's own insert is still uncommitted)."""
+
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="audit_entries"
+    )
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    event = models.CharField(max_length=40, choices=AuditEvent.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="+",
+    )
+    caller = models.CharField(max_length=100, blank=True)
+    forced_by = models.CharField(max_length=40, blank=True)
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["event", "run"], name="audit_event_run")]
+
+    def __str__(self) -> str:
+        return f"{self.event} run={self.run_id}"
+
+
+class EventType(models.TextChoices):
+    TASK_SUBMITTED = "task_submitted"
+    TASK_ACCEPTED = "task_accepted"
+    TASK_STARTED = "task_started"
+    TASK_PROGRESSED = "task_progressed"
+    TASK_RETRIED = "task_retried"
+    TASK_SUCCEEDED = "task_succeeded"
+    TASK_FAILED = "task_failed"
+    TASK_CANCELLED = "task_cancelled"
+    RUN_STATE_CHANGED = "run_state_changed"
+
+
+class Event(models.Model):
+    """The outbox: written in the transaction of the change it describes;
+    its monotonically increasing id is the resume cursor of every reader."""
+
+    type = models.CharField(max_length=30, choices=EventType.choices)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    task_id = models.CharField(max_length=100, blank=True)
+    handle_id = models.CharField(max_length=100, blank=True)
+    timestamp = models.DateTimeField()
+    message = models.CharField(max_length=500, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "id"], name="event_run_cursor")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk}"
