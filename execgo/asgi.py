@@ -5,10 +5,20 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs the apps loaded)
+# The rest needs the apps loaded.
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from runs.web.routing import websocket_urlpatterns  # noqa: E402
+
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.EXECGO_SERVE_STATIC else django_asgi_app
 
-application = ProtocolTypeRouter({"http": http_app})
+application = ProtocolTypeRouter({
+    "http": http_app,
+    # The session authenticates a websocket; its Origin must be one of
+    # ALLOWED_HOSTS (no cross-site websocket hijacking).
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})

@@ -6,6 +6,7 @@ Production sets DATABASE_URL=postgres://… and CELERY_BROKER_URL=redis://….
 """
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -33,6 +34,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "template_partials",
+    "axes",
     "django_celery_beat",
     "channels",
     "runtime",
@@ -48,6 +52,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: it answers a locked-out login with the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "execgo.urls"
@@ -64,6 +70,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "runs.web.context.navigation",
             ],
         },
     },
@@ -105,7 +112,31 @@ IS_SQLITE = _default_db["ENGINE"] == "django.db.backends.sqlite3"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+AUTHENTICATION_BACKENDS = [
+    "execgo.auth.LoginRateLimitBackend",  # first: a locked-out login is refused before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+# Login rate limit (django-axes): this many failures for one username from
+# one address lock that pair out for the cool-off time.
+AXES_FAILURE_LIMIT = env_int("EXECGO_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("EXECGO_LOGIN_COOLOFF_S", 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
+AXES_VERBOSE = False
+# Session and CSRF cookies: never readable by scripts; sent over HTTPS only
+# when the site is served over HTTPS (EXECGO_HTTPS, set it in production).
+EXECGO_HTTPS = env_bool("EXECGO_HTTPS", False)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env_int("EXECGO_SESSION_AGE_S", 12 * 3600)
+SESSION_COOKIE_SECURE = EXECGO_HTTPS
+CSRF_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SECURE = EXECGO_HTTPS
+CSRF_FAILURE_VIEW = "django.views.csrf.csrf_failure"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -138,6 +169,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit runs of tool calls, watch them, cancel and retry them.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and Redoc from drf-spectacular-sidecar's static files, never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Celery -----------------------------------------------------------------
@@ -193,6 +228,15 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The live pages' groups: each web process tails the outbox itself and sends
+# to its own websockets, so this layer never crosses processes (runs/web/relay.py).
+CHANNEL_LAYERS["relay"] = {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+# How often the relay reads the outbox when nothing woke it (PostgreSQL
+# wakes it by NOTIFY at every commit), how often while it waits on a hole
+# in the ids, and how long a hole may stay before it counts as a rollback.
+EXECGO_RELAY_POLL_S = env_float("EXECGO_RELAY_POLL_S", 0.05 if IS_SQLITE else 1.0)
+EXECGO_RELAY_HOLE_POLL_S = env_float("EXECGO_RELAY_HOLE_POLL_S", 0.02)
+EXECGO_RELAY_GAP_WAIT_S = env_float("EXECGO_RELAY_GAP_WAIT_S", 2.0)
 
 # --- ExecGo -----------------------------------------------------------------
 

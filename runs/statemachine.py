@@ -171,3 +171,16 @@ def job_status_for(state: str) -> str:
     if state in FINAL:
         return "failed"
     return "running"
+
+
+def display_group(state: str) -> str:
+    """The colour a page shows ``state`` in: the main path, waiting for a
+    human, on the way out (transient states and TRACING), or one colour per
+    final state."""
+    if state == S.AWAITING_HITL:
+        return "waiting"
+    if state in MAIN_PATH:
+        return "main"
+    if state in FINAL:
+        return state.lower().replace("_", "-")  # succeeded, closed-rejected, closed-failed, closed-cancelled
+    return "transient"

@@ -1,0 +1,172 @@
+"""The live relay: committed Event rows → this web process's websocket groups.
+
+One tail of the outbox per web process, whatever the deployment: the Event
+table is read from a cursor (its id), and each row is sent to the process's
+own groups (``run-<id>`` for every event, ``runs-<tenant>`` and, for a run
+entering or leaving AWAITING_HITL, ``approvals-<tenant>`` for state
+changes). The groups live on an in-process channel layer (the ``relay``
+alias): every web process tails the table itself, so no event is sent twice
+through a shared layer, and a worker never needs to reach a web process.
+
+The tail is woken by PostgreSQL's NOTIFY (a trigger on the Event table; it
+is delivered at commit) and otherwise reads every ``EXECGO_RELAY_POLL_S``
+(SQLite, the embedded default, or a lost listener connection).
+
+Ids are handed out at insert and rows become visible at commit, so on
+PostgreSQL a row can appear after a higher id did. The cursor therefore
+stops at a hole and waits for it up to ``EXECGO_RELAY_GAP_WAIT_S``, after
+which the hole is taken for a rolled-back insert: events go out in id order
+and the cursor is a valid resume point for every consumer.
+"""
+
+import asyncio
+import logging
+import time
+
+import psycopg
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection
+from psycopg.conninfo import make_conninfo
+
+from runs.models import Event, EventType
+from runs.selectors import LIVE_EVENT_FIELDS
+from runs.statemachine import RunState
+
+logger = logging.getLogger(__name__)
+
+RELAY_LAYER = "relay"
+NOTIFY_CHANNEL = "execgo_events"
+BATCH = 500
+
+
+def run_group(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def runs_group(tenant_id: int) -> str:
+    return f"runs-{tenant_id}"
+
+
+def approvals_group(tenant_id: int) -> str:
+    return f"approvals-{tenant_id}"
+
+
+def event_payload(row: dict) -> dict:
+    """An Event row as the browser receives it."""
+    return {
+        "id": row["id"], "type": row["type"], "run_id": row["run_id"], "task_id": row["task_id"],
+        "handle_id": row["handle_id"], "timestamp": row["timestamp"].isoformat(), "message": row["message"],
+        "data": row["data"],
+    }
+
+
+def groups_for(row: dict) -> list[str]:
+    groups = [run_group(row["run_id"])]
+    if row["type"] == EventType.RUN_STATE_CHANGED:
+        groups.append(runs_group(row["run__tenant_id"]))
+        if RunState.AWAITING_HITL in (row["data"].get("from"), row["data"].get("to")):
+            groups.append(approvals_group(row["run__tenant_id"]))
+    return groups
+
+
+def rows_after(cursor: int, *, limit: int = BATCH) -> list[dict]:
+    return list(Event.objects.filter(pk__gt=cursor).order_by("pk").values(*LIVE_EVENT_FIELDS, "run__tenant_id")[:limit])
+
+
+def latest_event_id() -> int:
+    return Event.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+
+class OutboxRelay:
+    """The tail of this process (see the module docstring). ``cursor`` is
+    the id of the last event sent; everything up to it has been sent."""
+
+    def __init__(self) -> None:
+        self.cursor: int | None = None
+        self.sent = 0
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._hole_since: tuple[int, float] | None = None  # (first missing id, when first seen)
+
+    async def ensure_started(self) -> None:
+        loop = asyncio.get_running_loop()
+        # One tail per process, on the server's loop (a test's loop may end under it).
+        if self._task is not None and not self._task.done() and self._loop is loop:
+            return
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self.cursor = await database_sync_to_async(latest_event_id)()
+        self._task = loop.create_task(self._run(), name="execgo-outbox-relay")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        listener = None
+        if connection.vendor == "postgresql":
+            listener = asyncio.get_running_loop().create_task(self._listen(), name="execgo-outbox-listen")
+        try:
+            while True:
+                try:
+                    holding = await self._drain()
+                except Exception:  # a database hiccup must not end the relay of this process
+                    logger.exception("outbox relay: reading events failed; retrying")
+                    holding = False
+                timeout = settings.EXECGO_RELAY_HOLE_POLL_S if holding else settings.EXECGO_RELAY_POLL_S
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+        finally:
+            if listener is not None:
+                listener.cancel()
+
+    async def _drain(self) -> bool:
+        """Send what committed since the cursor; True while waiting on a hole."""
+        layer = get_channel_layer(RELAY_LAYER)
+        while True:
+            rows = await database_sync_to_async(rows_after)(self.cursor)
+            for row in rows:
+                if row["id"] != self.cursor + 1 and not self._hole_expired(self.cursor + 1):
+                    return True
+                self._hole_since = None
+                self.cursor = row["id"]
+                message = {"type": "relay.event", "event": event_payload(row)}
+                for group in groups_for(row):
+                    await layer.group_send(group, message)
+                self.sent += 1
+            if len(rows) < BATCH:
+                return False
+
+    def _hole_expired(self, missing: int) -> bool:
+        now = time.monotonic()
+        if self._hole_since is None or self._hole_since[0] != missing:
+            self._hole_since = (missing, now)
+        return now - self._hole_since[1] >= settings.EXECGO_RELAY_GAP_WAIT_S
+
+    async def _listen(self) -> None:
+        db = connection.settings_dict
+        conninfo = make_conninfo(
+            dbname=db["NAME"], user=db["USER"] or None, password=db["PASSWORD"] or None,
+            host=db["HOST"] or None, port=db["PORT"] or None,
+        )
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as listen:
+                    await listen.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self._wake.set()  # whatever committed while not listening
+                    async for _notify in listen.notifies():
+                        self._wake.set()
+            except (psycopg.Error, OSError) as exc:
+                logger.warning("outbox relay: LISTEN connection lost (%s); polling until it is back", exc)
+                await asyncio.sleep(1.0)
+
+
+relay = OutboxRelay()

@@ -1,0 +1,130 @@
+// The pages' one websocket: resumes from the last event id it has, and
+// re-renders the page's own partials when an event concerns them.
+(function () {
+  "use strict";
+  var body = document.body;
+  var scope = body.dataset.liveScope;
+  var live = { events: [], lastId: Number(body.dataset.liveAfter || 0), state: "off", connects: 0 };
+  window.execgoLive = live;
+  if (!scope) return;
+
+  var statusEl = document.getElementById("live-status");
+  var backoff = 500, socket = null;
+
+  function setState(state, text) {
+    live.state = state;
+    if (statusEl) { statusEl.dataset.state = state; statusEl.textContent = text; }
+  }
+
+  function url() {
+    var proto = location.protocol === "https:" ? "wss://" : "ws://";
+    var params = new URLSearchParams({ scope: scope, after: String(live.lastId) });
+    if (body.dataset.liveRun) params.set("run", body.dataset.liveRun);
+    return proto + location.host + "/ws/live/?" + params.toString();
+  }
+
+  function connect() {
+    setState("connecting", "connecting…");
+    socket = new WebSocket(url());
+    live.socket = socket;
+    socket.onopen = function () { live.connects += 1; backoff = 500; setState("live", "live"); };
+    socket.onmessage = function (message) {
+      var data = JSON.parse(message.data);
+      if (data.type === "resync") { location.reload(); return; }
+      if (data.type !== "event" || data.event.id <= live.lastId) return;
+      live.lastId = data.event.id;
+      live.events.push(data.event);
+      handle(data.event);
+    };
+    socket.onclose = function () {
+      setState("reconnecting", "reconnecting…");
+      setTimeout(connect, backoff);
+      backoff = Math.min(backoff * 2, 5000);
+    };
+  }
+  // For tests and for a page that wants to drop its connection on purpose.
+  live.drop = function () { if (socket) socket.close(); };
+
+  function debounce(fn, ms) {
+    var timer = null;
+    return function () { clearTimeout(timer); timer = setTimeout(fn, ms); };
+  }
+
+  // --- the runs list: rows change badge, new runs appear -------------------
+  function refreshRow(runId) {
+    var query = body.dataset.liveQuery || "";
+    fetch("/runs/" + runId + "/row/?" + query, { credentials: "same-origin" }).then(function (response) {
+      var row = document.getElementById("run-" + runId);
+      if (response.status === 204) { if (row) row.remove(); return null; }
+      return response.text().then(function (html) {
+        var template = document.createElement("template");
+        template.innerHTML = html.trim();
+        var fresh = template.content.firstElementChild;
+        if (!fresh) return;
+        fresh.classList.add("changed");
+        if (row) { row.replaceWith(fresh); return; }
+        if (!body.dataset.liveFirstPage) return;  // a new run belongs on page 1 only
+        var empty = document.getElementById("runs-empty");
+        if (empty) empty.remove();
+        var tbody = document.getElementById("runs-body");
+        var later = Array.prototype.find.call(tbody.rows, function (r) { return Number(r.dataset.run) < runId; });
+        tbody.insertBefore(fresh, later || null);
+      });
+    });
+  }
+
+  // --- the run page: the live partial, and log tails while steps run ------
+  var refreshRun = debounce(function () {
+    htmx.ajax("GET", location.pathname + "?fragment=live", { target: "#run-live", swap: "outerHTML" });
+  }, 120);
+
+  function pollLog(pre) {
+    if (pre.dataset.polling) return;
+    pre.dataset.polling = "1";
+    var offset = 0, first = true;
+    function next() {
+      fetch(pre.dataset.logUrl + "&offset=" + offset, { credentials: "same-origin", cache: "no-store" })
+        .then(function (response) {
+          offset = Number(response.headers.get("X-Log-Offset") || offset);
+          var running = response.headers.get("X-Step-Running") === "1";
+          return response.text().then(function (text) {
+            if (first) { pre.textContent = text; first = false; } else if (text) { pre.textContent += text; }
+            pre.scrollTop = pre.scrollHeight;
+            if (running) { setTimeout(next, 300); } else { delete pre.dataset.polling; pre.dataset.running = ""; }
+          });
+        })
+        .catch(function () { setTimeout(next, 1000); });
+    }
+    next();
+  }
+
+  function startLogs(stepId) {
+    document.querySelectorAll("[data-log-step] pre.log").forEach(function (pre) {
+      if (stepId === undefined ? pre.dataset.running === "1" : pre.closest("[data-log-step]").dataset.logStep === stepId) {
+        pollLog(pre);
+      }
+    });
+  }
+
+  var reloadOverview = debounce(function () {
+    fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {
+      var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("content");
+      if (fresh) document.getElementById("content").innerHTML = fresh.innerHTML;
+    });
+  }, 1000);
+
+  function handle(event) {
+    document.dispatchEvent(new CustomEvent("execgo:event", { detail: event }));
+    if (scope === "run") {
+      refreshRun();
+      if (event.type === "task_started") startLogs(event.task_id);
+    } else if (body.dataset.liveReload === "overview") {
+      reloadOverview();
+    } else if (scope === "runs" && event.type === "run_state_changed") {
+      refreshRow(event.run_id);
+    }
+  }
+
+  if (scope === "run") startLogs();
+  connect();
+})();
