@@ -6,9 +6,9 @@
   var scope = body.dataset.liveScope;
   var live = { events: [], lastId: Number(body.dataset.liveAfter || 0), state: "off", connects: 0 };
   window.execgoLive = live;
-  if (!scope) return;
-
   var statusEl = document.getElementById("live-status");
+  if (!scope) { if (statusEl) statusEl.hidden = true; return; }  // a page with nothing live on it
+
   var backoff = 500, socket = null;
 
   function setState(state, text) {

@@ -6,6 +6,7 @@ hears another tenant's events."""
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from websockets.asyncio.client import connect
@@ -19,6 +20,13 @@ from tests.web.conftest import session_cookie
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STEP_SLEEP = ["sleep", "0.25"]
+
+
+def run_async(coroutine):
+    """``asyncio.run`` in a thread of its own: Playwright's sync API (the
+    page tests, in this same process) keeps an event loop in this one."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def ws_url(server, **params) -> str:
@@ -71,7 +79,7 @@ def test_a_dropped_client_resumes_with_no_gap_and_no_duplicate(live_web, celery_
                                until=ended, timeout=60)
         return first, second
 
-    first, second = asyncio.run(drop_and_resume())
+    first, second = run_async(drop_and_resume())
 
     assert wait_for_run(run_id).state == "SUCCEEDED"
     received = [event["id"] for event in first + second]
@@ -103,7 +111,7 @@ def test_the_runs_scope_resumes_too(live_web, celery_worker, agent, tenant):
                                timeout=60)
         return first + second
 
-    received = asyncio.run(drop_and_resume())
+    received = run_async(drop_and_resume())
 
     server = list(Event.objects.filter(run__tenant=tenant, type=EventType.RUN_STATE_CHANGED, id__gt=after)
                   .order_by("id").values_list("id", flat=True))
@@ -117,7 +125,7 @@ def test_another_tenant_hears_nothing_and_cannot_subscribe(live_web, celery_work
     after = Event.objects.order_by("-id").values_list("id", flat=True).first() or 0
     run_id = submit(agent, steps=3)
 
-    heard = asyncio.run(receive(ws_url(live_web, scope="runs", after=after), outsider_cookie,
+    heard = run_async(receive(ws_url(live_web, scope="runs", after=after), outsider_cookie,
                                 until=lambda e: False, timeout=4))
     assert wait_for_run(run_id).state == "SUCCEEDED"
     assert heard == []
@@ -129,7 +137,7 @@ def test_another_tenant_hears_nothing_and_cannot_subscribe(live_web, celery_work
         (ws_url(live_web, scope="nonsense", after=0), session_cookie(agent)),
     ]:
         with pytest.raises(InvalidStatus) as refused:
-            asyncio.run(receive(url, cookie, until=lambda e: True, timeout=5))
+            run_async(receive(url, cookie, until=lambda e: True, timeout=5))
         assert refused.value.response.status_code == 403
 
 
@@ -140,7 +148,7 @@ def test_a_cross_site_origin_is_refused(live_web, agent):
             pass
 
     with pytest.raises(InvalidStatus) as refused:
-        asyncio.run(from_evil_site())
+        run_async(from_evil_site())
     assert refused.value.response.status_code == 403
 
 
@@ -149,7 +157,7 @@ def test_a_run_page_backlog_is_the_runs_events(live_web, agent, make_run):
     run = make_run("SUCCEEDED", closing_cause="succeeded")
     Event.objects.bulk_create(Event(type=EventType.TASK_PROGRESSED, run=run, timestamp=run.created_at,
                                     message=f"line {n}") for n in range(5))
-    events = asyncio.run(receive(ws_url(live_web, scope="run", run=run.pk, after=0), session_cookie(agent),
+    events = run_async(receive(ws_url(live_web, scope="run", run=run.pk, after=0), session_cookie(agent),
                                  until=lambda e: False, timeout=2))
     assert [event["message"] for event in events] == [f"line {n}" for n in range(5)]
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
