@@ -47,6 +47,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def event_table_scans() -> int:
     from django.db import connection
 
@@ -112,7 +117,7 @@ def main() -> None:
         start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while b"Listening on TCP address" not in web_log.read_bytes():
+        while not _listening(port):
             if web.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"daphne did not start:\n{web_log.read_text()[-3000:]}")
             time.sleep(0.1)
