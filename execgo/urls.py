@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from approvals import api as approvals_api
 from execgo import health
 from runs.metrics import metrics_view
 
@@ -10,7 +11,14 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/approvals", approvals_api.ApprovalListView.as_view(), name="api-approvals"),
+    path("api/v1/approvals/<int:request_id>", approvals_api.ApprovalDetailView.as_view(), name="api-approval"),
+    path("api/v1/approvals/<int:request_id>/approve", approvals_api.ApprovalDecideView.as_view(),
+         name="api-approval-approve"),
+    path("api/v1/approvals/<int:request_id>/reject", approvals_api.ApprovalRejectView.as_view(),
+         name="api-approval-reject"),
     path("api/v1/", include("runs.api.urls")),
+    path("approvals/", include("approvals.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),

@@ -9,6 +9,7 @@ in flight, so a late result finds its fence gone and is audited, not applied.
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest, ApprovalStatus
 from runs.audit import audit
 from runs.errors import ErrorCode, error_envelope
 from runs.memory import memory_write
@@ -60,7 +61,10 @@ def run_cancel_awaiting_approval(run_id: int) -> Run | None:
     run first (the request then applies wherever the run went)."""
     run = Run.objects.select_related("cancel_requested_by").get(pk=run_id)
     try:
-        run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.AWAITING_HITL)
+        with transaction.atomic():
+            run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.AWAITING_HITL)
+            ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(
+                status=ApprovalStatus.CANCELLED, decided_at=timezone.now())
         return run_close(run_id)
     except TransitionLost:
         return None

@@ -20,6 +20,7 @@ ADVANCE_RUN = "runs.tasks.advance_run"
 EXECUTE_STEP = "runs.tasks.execute_step"
 SETTLE_RUN = "runs.tasks.settle_run"
 REATTACH_STEP = "runs.tasks.reattach_step"
+EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,11 @@ class Claim:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
 
 
-def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None) -> None:
+def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None, eta=None) -> None:
     # A signature resolves to the registered task where this process has it
     # (so CELERY_TASK_ALWAYS_EAGER runs it inline) and is sent by name otherwise.
-    transaction.on_commit(lambda: current_app.signature(task, args=args).apply_async(queue=queue, countdown=countdown))
+    transaction.on_commit(lambda: current_app.signature(task, args=args).apply_async(queue=queue, countdown=countdown,
+                                                                                      eta=eta))
 
 
 def enqueue_advance(run_id: int) -> None:
@@ -62,6 +64,11 @@ def enqueue_claims(claims: list[Claim], *, countdown: float = 0) -> None:
 
 def enqueue_settle(run_id: int, *, countdown: float | None = None) -> None:
     _send(SETTLE_RUN, (run_id,), countdown=countdown)
+
+
+def enqueue_approval_expiry(request_id: int, *, eta) -> None:
+    """The expiry of an approval request, at the minute it is due."""
+    _send(EXPIRE_APPROVAL, (request_id,), eta=eta)
 
 
 def enqueue_reattach(step: Step, host: str) -> None:

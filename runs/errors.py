@@ -49,6 +49,12 @@ class ExecGoError(Exception):
         self.envelope = error_envelope(code, message, source=source, retryable=retryable, details=details)
 
 
+class DeniedError(ExecGoError):
+    """The caller may not do this (403)."""
+
+    http_status = 403
+
+
 class ConflictError(ExecGoError):
     """The request is well-formed but the resource's state refuses it (409)."""
 

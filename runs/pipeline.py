@@ -11,12 +11,14 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest
+from runs.audit import audit
 from runs.closing import run_cancel_awaiting_approval, run_close
 from runs.context import assemble_context
-from runs.dispatch import Claim
+from runs.dispatch import Claim, enqueue_approval_expiry
 from runs.errors import ExecGoError
 from runs.execution import executing_started, run_settle
-from runs.models import Event, EventType, Run, Step, TraceKind
+from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
 from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
 from runs.policy import evaluate_policy
@@ -104,8 +106,19 @@ def _check_policy(run: Run) -> None:
             # Persisted before waiting: execution resumes from it after approval.
             Run.objects.filter(pk=run.pk).update(context={**run.context, "policy": decision.data})
             run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
+            _request_approval(run, decision.data)
     else:
         run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+
+
+def _request_approval(run: Run, decision: dict) -> None:
+    """The approval request of a run entering AWAITING_HITL (same
+    transaction), and its expiry, sent for the moment it is due."""
+    approval = ApprovalRequest.open_for(run, decision, now=timezone.now())
+    audit(AuditEvent.APPROVAL_REQUESTED, run_id=run.pk, tenant_id=run.tenant_id, caller="hitl controller",
+          to_state=S.AWAITING_HITL, data={"request": approval.pk, "approvals_required": approval.approvals_required,
+                                          "expires_at": approval.expires_at.isoformat()})
+    enqueue_approval_expiry(approval.pk, eta=approval.expires_at)
 
 
 def _close(run: Run) -> None:

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest, ApprovalStatus
 from runs.audit import audit
 from runs.closing import fence_unfinished_steps, run_close
 from runs.errors import ErrorCode, error_envelope
@@ -94,6 +95,9 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
                     fence_unfinished_steps(run, reason=f"run forced from {stuck_in} to {target} "
                                                        "by the zombie sweeper")
                     run_transition(run, target, **transition)
+                    if stuck_in == S.AWAITING_HITL:  # the expiry's message was lost: this is the fallback
+                        ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalStatus.PENDING).update(
+                            status=ApprovalStatus.EXPIRED, decided_at=timezone.now())
             if not still_stuck:
                 run_transition(run, target, **transition)  # raises TransitionLost, audited as any lost race
         closed = run_close(run.pk)

@@ -245,3 +245,22 @@ def celery_worker(transactional_db):
 def _no_shared_worker_unless_asked(request):
     if "celery_worker" not in request.fixturenames:
         _shared_worker.stop()
+
+
+def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float | None = None):
+    """Test factory: the pending approval request of a run placed in
+    AWAITING_HITL by ``make_run`` (the pipeline opens one on its way there)."""
+    from approvals.models import ApprovalRequest
+    from runs.models import PolicyRule
+    from runs.policy import current_policy_version
+
+    rule, _ = PolicyRule.objects.get_or_create(
+        name=f"test-quorum-{approvals_required}",
+        defaults={"tool": "*", "field": "command", "pattern": "(?!)", "outcome": "high", "reason": "test",
+                  "enabled": False, "approvals_required": approvals_required})
+    decision = {"risk": "high", "policy_version": current_policy_version(), "steps": [],
+                "matched_rules": [{"id": rule.pk, "outcome": "high"}]}
+    if expires_in_s is not None:
+        Run.objects.filter(pk=run.pk).update(approval_timeout_s=max(int(expires_in_s), 1))
+        run.refresh_from_db()
+    return ApprovalRequest.open_for(run, decision, now=timezone.now())

@@ -33,6 +33,8 @@ class PolicyRule(models.Model):
     reason = models.CharField(max_length=300)
     enabled = models.BooleanField(default=True)
     priority = models.IntegerField(default=100, help_text="lower runs first; listed in this order in traces")
+    approvals_required = models.PositiveSmallIntegerField(
+        default=1, help_text="distinct approvers a run needs when this rule rates it high (N of the approvers)")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

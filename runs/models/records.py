@@ -78,6 +78,9 @@ class AuditEvent(models.TextChoices):
     STEP_REATTACHED = "step_reattached"
     STALE_RESULT_IGNORED = "stale_result_ignored"
     ARTIFACTS_PURGED = "artifacts_purged"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_VOIDED = "approval_voided"
+    HITL_TIMEOUT = "hitl_timeout"  # an approval request expired with no decision
 
 
 # The one audit event of a run's final transition (SPEC §2.2: reconciliation).

@@ -3,10 +3,8 @@ how many runs wait for a human."""
 
 from django.urls import reverse
 
-from runs.hitl import APPROVERS_GROUP
-from runs.models import Run
+from approvals.models import APPROVERS_GROUP, ApprovalRequest, ApprovalStatus
 from runs.selectors import tenant_of
-from runs.statemachine import RunState
 
 
 def navigation(request) -> dict:
@@ -15,8 +13,9 @@ def navigation(request) -> dict:
         return {}
     tenant = tenant_of(user)
     is_approver = tenant is not None and user.groups.filter(name=APPROVERS_GROUP).exists()
-    pending = Run.objects.filter(tenant=tenant, state=RunState.AWAITING_HITL).count() if is_approver else 0
+    pending = (ApprovalRequest.objects.filter(tenant=tenant, status=ApprovalStatus.PENDING).count()
+               if is_approver else 0)
     return {"execgo_nav": {
         "tenant": tenant, "is_approver": is_approver, "pending_approvals": pending,
-        "approvals_url": reverse("web:runs") + f"?state={RunState.AWAITING_HITL}",
+        "approvals_url": reverse("approvals:inbox"),
     }}

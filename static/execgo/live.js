@@ -106,6 +106,11 @@
     });
   }
 
+  // A page that names a partial to refresh on any of its events (the approvals inbox).
+  var refreshTarget = debounce(function () {
+    htmx.ajax("GET", body.dataset.liveRefreshUrl, { target: body.dataset.liveRefresh, swap: "outerHTML" });
+  }, 150);
+
   var reloadOverview = debounce(function () {
     fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {
       var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("content");
@@ -118,6 +123,8 @@
     if (scope === "run") {
       refreshRun();
       if (event.type === "task_started") startLogs(event.task_id);
+    } else if (body.dataset.liveRefresh) {
+      refreshTarget();
     } else if (body.dataset.liveReload === "overview") {
       reloadOverview();
     } else if (scope === "runs" && event.type === "run_state_changed") {

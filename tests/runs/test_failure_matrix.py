@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from approvals.models import APPROVERS_GROUP
+from approvals.services import approval_decide
 from runs.errors import ExecGoError
-from runs.hitl import APPROVERS_GROUP, run_decide
 from runs.models import AuditLog, MemoryEntry, Run
 from runs.services import run_cancel, run_submit
 from runs.sweeper import sweep_run
@@ -68,6 +69,13 @@ def matrix_worker(django_db_setup, django_db_blocker, planner_url):
 @pytest.fixture
 def approver(tenant):
     return make_user("approver", tenant, groups=(APPROVERS_GROUP,))
+
+
+def run_decide(*, run: Run, approve: bool, actor, comment: str = "") -> Run:
+    """Decide the run's pending approval request through the one decision service."""
+    approval_decide(request=run.approval_requests.get(status="pending"), actor=actor, approve=approve,
+                    comment=comment)
+    return Run.objects.get(pk=run.pk)
 
 
 def submit(tenant, agent, **request) -> int:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from runs.models import AuditLog, Job, Run, Step, Trace, TraceKind
 from runtime.ledger import host_register
 from runtime.models import HostCapacity
-from tests.conftest import make_user
+from tests.conftest import make_user, open_approval
 
 pytestmark = pytest.mark.django_db
 
@@ -258,25 +258,26 @@ def test_the_admin_link_appears_only_for_staff(tenant, make_run):
 
 def test_the_approvals_link_and_its_count_appear_only_for_approvers(tenant, other_tenant, outsider, make_run):
     run = make_run("AWAITING_HITL")
-    make_run("AWAITING_HITL")
+    open_approval(run)
+    open_approval(make_run("AWAITING_HITL"))
     make_run("EXECUTING")
-    run_in(other_tenant, outsider, "AWAITING_HITL")  # not counted: another tenant's
+    open_approval(run_in(other_tenant, outsider, "AWAITING_HITL"))  # not counted: another tenant's
     approver = make_user("ann", tenant, groups=("approvers",))
     plain = make_user("plain", tenant, groups=("agents",))
     for url in page_urls(run):
         html = html_of(signed_in(approver).get(url))
-        assert 'href="/runs/?state=AWAITING_HITL"' in html, url
+        assert 'href="/approvals/"' in html, url
         assert re.search(r'<span class="count" id="pending-approvals" aria-label="2 pending">2</span>', html), url
         html = html_of(signed_in(plain).get(url))
         assert "pending-approvals" not in html and "Approvals" not in html, url
 
 
-def test_the_approvals_count_follows_the_tenants_waiting_runs(tenant, make_run):
+def test_the_approvals_count_follows_the_tenants_pending_requests(tenant, make_run):
     approver = make_user("ann", tenant, groups=("approvers",))
     client = signed_in(approver)
     assert 'aria-label="0 pending">0</span>' in html_of(client.get("/runs/"))
     for _ in range(3):
-        make_run("AWAITING_HITL")
+        open_approval(make_run("AWAITING_HITL"))
     assert 'aria-label="3 pending">3</span>' in html_of(client.get("/runs/"))
 
 

@@ -1,0 +1,99 @@
+"""Approvals in the REST API, for people (a session or a personal token):
+list, read, approve, reject. An agent's token gets 403 on every one of
+them; decisions go through ``approvals.services.approval_decide``."""
+
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, ApprovalStatus
+from approvals.selectors import request_for_user, requests_for_user
+from approvals.services import approval_decide
+
+
+class IsHumanApprover(BasePermission):
+    message = "approvals are decided by people in the approvers group, never with an agent's token"
+
+    def has_permission(self, request, view) -> bool:
+        groups = set(request.user.groups.values_list("name", flat=True)) if request.user.is_authenticated else set()
+        return APPROVERS_GROUP in groups and AGENTS_GROUP not in groups
+
+
+class DecisionSerializer(serializers.Serializer):
+    decider = serializers.CharField(source="decider.username")
+    decision = serializers.CharField()
+    comment = serializers.CharField()
+    decided_at = serializers.DateTimeField()
+
+
+class ApprovalRequestSerializer(serializers.ModelSerializer):
+    run_id = serializers.IntegerField()
+    approvals = serializers.IntegerField(source="approvals_so_far")
+    decisions = DecisionSerializer(many=True)
+    page_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApprovalRequest
+        fields = ["id", "run_id", "status", "risk", "policy_version", "action_digest", "approvals_required",
+                  "approvals", "requested_at", "expires_at", "decided_at", "steps", "decisions", "page_url"]
+
+    def get_page_url(self, approval: ApprovalRequest) -> str:
+        return reverse("approvals:detail", args=[approval.pk])
+
+
+class CommentSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+def _request_or_404(request, request_id: int) -> ApprovalRequest:
+    approval = request_for_user(request.user, request_id)
+    if approval is None:
+        raise NotFound(f"no approval request {request_id}")
+    return approval
+
+
+class ApprovalListView(APIView):
+    permission_classes = [IsHumanApprover]
+
+    @extend_schema(responses=ApprovalRequestSerializer(many=True), parameters=[
+        OpenApiParameter("status", str, enum=[*ApprovalStatus.values, "decided"], required=False)])
+    def get(self, request):
+        status = request.query_params.get("status") or None
+        if status is not None and status not in (*ApprovalStatus.values, "decided"):
+            raise ValidationError({"status": [f"unknown status {status!r}"]})
+        approvals = requests_for_user(request.user, status=status).prefetch_related("decisions__decider")[:200]
+        return Response(ApprovalRequestSerializer(approvals, many=True).data)
+
+
+class ApprovalDetailView(APIView):
+    permission_classes = [IsHumanApprover]
+
+    @extend_schema(responses=ApprovalRequestSerializer)
+    def get(self, request, request_id: int):
+        return Response(ApprovalRequestSerializer(_request_or_404(request, request_id)).data)
+
+
+class ApprovalDecideView(APIView):
+    permission_classes = [IsHumanApprover]
+    approve = True
+
+    @extend_schema(request=CommentSerializer, responses=ApprovalRequestSerializer)
+    def post(self, request, request_id: int):
+        approval = _request_or_404(request, request_id)
+        body = CommentSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not self.approve and not body.validated_data["comment"].strip():
+            raise ValidationError({"comment": ["a rejection needs a reason"]})
+        outcome = approval_decide(request=approval, actor=request.user, approve=self.approve,
+                                  comment=body.validated_data["comment"].strip())
+        return Response(ApprovalRequestSerializer(outcome.request).data)
+
+
+class ApprovalRejectView(ApprovalDecideView):
+    approve = False
+
+

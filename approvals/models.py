@@ -1,0 +1,156 @@
+"""Approval requests: one per entry of a run into AWAITING_HITL, bound to the
+exact action it covers, and the decisions of the people who answered it.
+
+Request lifecycle::
+
+    pending ──► approved   (the Nth approval of distinct approvers)
+        │ ├───► rejected   (one reject)
+        │ ├───► expired    (at expires_at, nobody decided: default reject)
+        │ ├───► cancelled  (the run was cancelled while waiting)
+        │ └───► voided     (the plan or the policy changed under it)
+
+A request is written with the run's move into AWAITING_HITL (same
+transaction), so a run waiting for a human always has exactly one pending
+request.
+"""
+
+import hashlib
+import json
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Max, Q
+
+from runs.models import PolicyRule, Run, Step, Tenant
+
+APPROVERS_GROUP = "approvers"
+AGENTS_GROUP = "agents"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    VOIDED = "voided"
+
+
+def _digest_of(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                          .encode()).hexdigest()
+
+
+def normalised_action(step: Step) -> dict:
+    """What a step will do, as an approver must see it and as the action
+    digest binds it: the exact arguments, with bodies and file contents
+    reduced to their digest (and shown in full on the page)."""
+    params = step.params or {}
+    action: dict = {"id": step.step_id, "tool": step.tool, "depends_on": list(step.depends_on or []),
+                    "sandbox": step.requested_plan or {}}
+    if step.tool == "shell":
+        action.update({key: params[key] for key in ("argv", "script", "cwd") if key in params})
+        action["env"] = params.get("env") or {}
+        if "stdin" in params:
+            action["stdin_sha256"] = hashlib.sha256(str(params["stdin"]).encode()).hexdigest()
+    elif step.tool == "http":
+        action.update({"method": str(params.get("method", "GET")).upper(), "url": params.get("url"),
+                       "headers": params.get("headers") or {}})
+        if "body" in params:
+            action["body_sha256"] = _digest_of(params["body"])
+    else:
+        action.update({key: params[key] for key in ("op", "path") if key in params})
+        if "content" in params:
+            action["content_sha256"] = hashlib.sha256(str(params["content"]).encode()).hexdigest()
+    return action
+
+
+def action_digest(steps: list[Step], policy_version: int) -> str:
+    """The digest an approval is bound to: every step of the run (the whole
+    plan runs once approved) and the policy version that rated it."""
+    return _digest_of({"steps": [normalised_action(step) for step in steps], "policy_version": policy_version})
+
+
+class ApprovalRequest(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="approval_requests")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="approval_requests")
+    status = models.CharField(max_length=10, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    # Every step with its normalised action, risk and the reasons of each
+    # rule that matched it; the high ones are what needs the approval.
+    steps = models.JSONField(default=list)
+    risk = models.CharField(max_length=10)
+    policy_version = models.PositiveIntegerField()
+    action_digest = models.CharField(max_length=64)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    # Approve with edits: the plan as submitted, and who narrowed it.
+    original_steps = models.JSONField(null=True, blank=True)
+    edited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                  related_name="+")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run"], condition=Q(status="pending"), name="one_pending_request_per_run"),
+        ]
+        indexes = [
+            # The inbox: a tenant's requests by status, newest first.
+            models.Index(fields=["tenant", "status", "-id"], name="approval_inbox"),
+            # The expiry fallback's scan: pending requests by when they expire.
+            models.Index(fields=["expires_at"], condition=Q(status="pending"), name="approval_pending_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"approval request {self.pk} for run {self.run_id} ({self.status})"
+
+    @property
+    def high_risk_steps(self) -> list[dict]:
+        return [step for step in self.steps if step.get("risk") in ("high", "deny")]
+
+    @property
+    def approvals_so_far(self) -> int:
+        return sum(1 for decision in self.decisions.all() if decision.decision == DecisionKind.APPROVE)
+
+    @classmethod
+    def open_for(cls, run: Run, decision: dict, *, now) -> "ApprovalRequest":
+        """The request of ``run`` entering AWAITING_HITL with the policy's
+        ``decision`` (its PolicyDecisionTrace data), in the caller's transaction."""
+        steps = list(Step.objects.filter(run_id=run.pk).order_by("position"))
+        rated = {row["id"]: row for row in decision["steps"]}
+        # The quorum: the most any rule that rated a step high asks for.
+        high_rules = [rule["id"] for rule in decision["matched_rules"] if rule["outcome"] == "high"]
+        required = PolicyRule.objects.filter(pk__in=high_rules).aggregate(n=Max("approvals_required"))["n"] or 1
+        return cls.objects.create(
+            run=run, tenant_id=run.tenant_id, risk=decision["risk"], policy_version=decision["policy_version"],
+            action_digest=action_digest(steps, decision["policy_version"]), approvals_required=required,
+            expires_at=now + timedelta(seconds=run.approval_timeout_s),
+            steps=[{"action": normalised_action(step), "risk": rated.get(step.step_id, {}).get("risk", "low"),
+                    "reasons": rated.get(step.step_id, {}).get("reasons", [])} for step in steps],
+        )
+
+
+class DecisionKind(models.TextChoices):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class Decision(models.Model):
+    """One person's answer to a request; a person answers a request once."""
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="decisions")
+    decider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decision = models.CharField(max_length=10, choices=DecisionKind.choices)
+    comment = models.TextField(blank=True)
+    decided_at = models.DateTimeField(auto_now_add=True)
+    # The steps as this approver narrowed them (approve with edits).
+    edits = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["request", "decider"], name="one_decision_per_person")]
+
+    def __str__(self) -> str:
+        return f"{self.decision} by {self.decider_id} on request {self.request_id}"

@@ -1,0 +1,168 @@
+"""The one decision service: the pages, the API and the admin all call
+``approval_decide``; ``approval_expire`` is the expiry at the minute.
+
+A decision is checked (who may decide, the request still pending, the
+action unchanged), then recorded — Decision row, HITLDecisionTrace and
+AuditLog, committed — and only then drives the state machine. A decision
+that loses a race (the run was cancelled or expired meanwhile) is still on
+record.
+"""
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.models import (
+    AGENTS_GROUP,
+    APPROVERS_GROUP,
+    ApprovalRequest,
+    ApprovalStatus,
+    Decision,
+    DecisionKind,
+    action_digest,
+)
+from runs.audit import audit
+from runs.closing import run_close
+from runs.dispatch import enqueue_advance
+from runs.errors import ConflictError, DeniedError, ErrorCode, error_envelope
+from runs.models import AuditEvent, Step, Trace, TraceKind
+from runs.policy import current_policy_version
+from runs.selectors import tenant_of
+from runs.statemachine import RunState
+from runs.transitions import TraceRecord, TransitionLost, lock_run, run_transition
+
+S = RunState
+
+
+@dataclass(frozen=True)
+class Outcome:
+    request: ApprovalRequest
+    approvals: int  # approvals so far (the quorum is request.approvals_required)
+
+
+def may_decide(user, request: ApprovalRequest) -> str | None:
+    """Why ``user`` may not decide ``request``, or None when they may."""
+    if not getattr(user, "is_authenticated", False):
+        return "sign in to decide"
+    groups = set(user.groups.values_list("name", flat=True))
+    if AGENTS_GROUP in groups:
+        return "an agent identity never decides an approval"
+    if APPROVERS_GROUP not in groups:
+        return "only members of the approvers group decide approvals"
+    tenant = tenant_of(user)
+    if tenant is None or tenant.pk != request.tenant_id:
+        return "this request belongs to another tenant"
+    if user.pk == request.run.submitted_by_id:
+        return "the identity that submitted a run may not approve it (separation of duties)"
+    return None
+
+
+def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: str = "") -> Outcome:
+    decision = DecisionKind.APPROVE if approve else DecisionKind.REJECT
+    reason = may_decide(actor, request)
+    if reason is not None:
+        raise DeniedError(ErrorCode.DENIED, reason, source="approval", details={"request": request.pk})
+    refused = voided = None
+    approvals = 0
+    with transaction.atomic():
+        lock_run(request.run_id)  # the run first, as everywhere
+        locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
+        now = timezone.now()
+        if locked.status != ApprovalStatus.PENDING:
+            refused = f"this request is {locked.status}; nothing is pending"
+        elif now >= locked.expires_at:
+            refused = "this request expired"
+        elif locked.decisions.filter(decider=actor).exists():
+            refused = "you already decided this request"
+        elif action_digest(list(Step.objects.filter(run_id=locked.run_id).order_by("position")),
+                           locked.policy_version) != locked.action_digest:
+            voided = "the plan changed since the approval was requested"
+        elif current_policy_version() != locked.policy_version:
+            voided = "the policy changed since the approval was requested"
+        if voided:
+            locked.status, locked.decided_at = ApprovalStatus.VOIDED, now
+            locked.save(update_fields=["status", "decided_at"])
+            audit(AuditEvent.APPROVAL_VOIDED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
+                  caller="hitl controller", from_state=S.AWAITING_HITL, data={"request": locked.pk, "reason": voided})
+        elif not refused:
+            approvals = _record(locked, actor, decision, comment, now)
+    if refused:
+        # Audited after the transaction (which wrote nothing): the row is kept on SQLite too.
+        audit(AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
+              caller="hitl controller", from_state=S.AWAITING_HITL,
+              data={"request": locked.pk, "decision": decision, "reason": refused})
+        raise ConflictError(ErrorCode.INVALID_INPUT, refused, source="approval",
+                            details={"request": locked.pk, "status": locked.status})
+    if voided:
+        _close(locked, actor, S.REJECTED, {"decision": "void", "request": locked.pk})
+        raise ConflictError(ErrorCode.INVALID_INPUT, f"approval voided: {voided}", source="approval",
+                            details={"request": locked.pk, "status": ApprovalStatus.VOIDED})
+    # Recorded and committed; only now does the decision take effect.
+    if locked.status == ApprovalStatus.APPROVED:
+        try:
+            run_transition(locked.run_id, S.EXECUTING, actor=actor, expected=S.AWAITING_HITL,
+                           data={"decision": "approve", "request": locked.pk})
+            enqueue_advance(locked.run_id)
+        except TransitionLost:
+            pass  # cancelled meanwhile: the decision stays on record
+    elif locked.status == ApprovalStatus.REJECTED:
+        _close(locked, actor, S.REJECTED, {"decision": "reject", "request": locked.pk})
+    return Outcome(request=locked, approvals=approvals)
+
+
+def _record(request: ApprovalRequest, actor, decision: str, comment: str, now) -> int:
+    """The decision, its trace and its audit row, in the caller's
+    transaction; the request's outcome once the quorum or a reject says so."""
+    Decision.objects.create(request=request, decider=actor, decision=decision, comment=comment)
+    approvals = request.decisions.filter(decision=DecisionKind.APPROVE).count()
+    final = decision == DecisionKind.REJECT or approvals >= request.approvals_required
+    if final:
+        request.status = ApprovalStatus.APPROVED if decision == DecisionKind.APPROVE else ApprovalStatus.REJECTED
+        request.decided_at = now
+        request.save(update_fields=["status", "decided_at"])
+    Trace.objects.create(run_id=request.run_id, kind=TraceKind.HITL_DECISION, from_state=S.AWAITING_HITL, data={
+        "decision": decision, "approver": actor.pk, "approver_name": actor.get_username(), "comment": comment,
+        "timeout": False, "decided_at": now.isoformat(), "request": request.pk, "approvals": approvals,
+        "approvals_required": request.approvals_required, "final": final,
+    })
+    audit(AuditEvent.APPROVAL_APPROVED if decision == DecisionKind.APPROVE else AuditEvent.APPROVAL_REJECTED,
+          run_id=request.run_id, tenant_id=request.tenant_id, actor=actor, caller="hitl controller",
+          from_state=S.AWAITING_HITL, data={"request": request.pk, "comment": comment, "approvals": approvals,
+                                            "approvals_required": request.approvals_required})
+    return approvals
+
+
+def _close(request: ApprovalRequest, actor, target: RunState, data: dict) -> None:
+    """A reject (or a voided approval: what it covered is not what would run) closes the run."""
+    try:
+        run_transition(request.run_id, target, actor=actor, expected=S.AWAITING_HITL, data=data)
+    except TransitionLost:
+        return
+    run_close(request.run_id)
+
+
+def approval_expire(request_id: int, *, now=None) -> bool:
+    """At expires_at, a request nobody decided rejects its run (TIMEOUT →
+    TRACING → CLOSED_REJECTED). False when it is not due or not pending."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        request = ApprovalRequest.objects.select_for_update().filter(pk=request_id).select_related("run").first()
+        if request is None or request.status != ApprovalStatus.PENDING or now < request.expires_at:
+            return False
+        request.status, request.decided_at = ApprovalStatus.EXPIRED, now
+        request.save(update_fields=["status", "decided_at"])
+        audit(AuditEvent.HITL_TIMEOUT, run_id=request.run_id, tenant_id=request.tenant_id,
+              caller="hitl controller", from_state=S.AWAITING_HITL,
+              data={"request": request.pk, "expires_at": request.expires_at.isoformat()})
+    error = error_envelope(ErrorCode.TIMEOUT, f"approval request {request.pk} expired with no decision",
+                           source="approval", retryable=False, details={"request": request.pk, "layer": "expiry"})
+    try:
+        run_transition(request.run_id, S.TIMEOUT, expected=S.AWAITING_HITL, message=error["message"],
+                       data={"request": request.pk, "layer": "expiry"},
+                       trace=TraceRecord(TraceKind.HITL_DECISION, {"decision": "reject", "timeout": True,
+                                                                   "request": request.pk}, error=error))
+    except TransitionLost:
+        return True
+    run_close(request.run_id)
+    return True

@@ -1,0 +1,70 @@
+"""The approvers' pages: the inbox and one request. Reads are scoped to the
+approver's tenant (another tenant's request is a 404); decisions are POSTs
+with a CSRF token that call ``approvals.services.approval_decide``."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from approvals.models import APPROVERS_GROUP, ApprovalStatus
+from approvals.selectors import request_for_user, requests_for_user
+from approvals.services import approval_decide
+from runs.errors import ExecGoError
+from runs.selectors import latest_event_id
+
+
+def _approver(request) -> None:
+    if not request.user.groups.filter(name=APPROVERS_GROUP).exists():
+        raise PermissionDenied("only approvers see the approvals inbox")
+
+
+@login_required
+@require_GET
+def inbox(request):
+    _approver(request)
+    status = request.GET.get("status", ApprovalStatus.PENDING)
+    if status not in ApprovalStatus.values and status != "decided":
+        status = ApprovalStatus.PENDING
+    cursor = latest_event_id()
+    template = "approvals/inbox.html#requests" if request.GET.get("fragment") == "requests" else "approvals/inbox.html"
+    return render(request, template, {"requests": requests_for_user(request.user, status=status)[:200],
+                                      "status": status, "statuses": ApprovalStatus.values, "live_after": cursor,
+                                      "nav": "approvals"})
+
+
+@login_required
+@require_GET
+def detail(request, request_id: int):
+    _approver(request)
+    approval = request_for_user(request.user, request_id)
+    if approval is None:
+        raise Http404("no such approval request")
+    return render(request, "approvals/detail.html", {"approval": approval, "run": approval.run,
+                                                     "decisions": list(approval.decisions.select_related("decider")),
+                                                     "live_after": latest_event_id(), "nav": "approvals"})
+
+
+@login_required
+@require_POST
+def decide(request, request_id: int, verdict: str):
+    approval = request_for_user(request.user, request_id)
+    if approval is None:
+        raise Http404("no such approval request")
+    comment = request.POST.get("comment", "").strip()[:2000]
+    if verdict == "reject" and not comment:
+        messages.error(request, "A rejection needs a reason.")
+        return redirect("approvals:detail", request_id=approval.pk)
+    try:
+        outcome = approval_decide(request=approval, actor=request.user, approve=verdict == "approve", comment=comment)
+    except ExecGoError as exc:
+        messages.error(request, exc.envelope["message"])
+        return redirect("approvals:detail", request_id=approval.pk)
+    if outcome.request.status == ApprovalStatus.PENDING:
+        messages.success(request, f"Approved: {outcome.approvals} of {outcome.request.approvals_required} "
+                                  "approvals so far.")
+    else:
+        messages.success(request, f"Request {outcome.request.status}.")
+    return redirect("approvals:detail", request_id=approval.pk)
