@@ -1,0 +1,41 @@
+"""Expiry at the minute, with a real worker: a request nobody decides closes
+its run rejected at expires_at itself (the expiry is sent with eta), not at
+the next sweep, and nothing of the run ever ran."""
+
+import pytest
+from django.conf import settings
+
+from approvals.models import ApprovalRequest
+from runs.models import AuditLog, Run, Step
+from runs.services import run_submit
+from tests.conftest import simple_plan, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUNS = 50
+EXPIRY_S = 2
+
+
+def test_fifty_requests_expire_within_two_seconds_of_their_expiry(celery_worker, seeded_policy, tenant, agent):
+    run_ids = [run_submit(tenant=tenant, user=agent, plan=simple_plan(["echo", "pip", "install", "nothing"]),
+                          approval_timeout_s=EXPIRY_S).run.pk for _ in range(RUNS)]
+
+    wait_until(lambda: Run.objects.filter(pk__in=run_ids, state="CLOSED_REJECTED").count() == RUNS, timeout=90,
+               what=f"{RUNS} expired runs")
+
+    requests = list(ApprovalRequest.objects.filter(run_id__in=run_ids).select_related("run"))
+    assert len(requests) == RUNS
+    for request in requests:
+        assert request.status == "expired"
+        assert request.run.closing_cause == "approval_timeout"
+        late = (request.run.finished_at - request.expires_at).total_seconds()
+        assert 0 <= late <= 2.0, f"run {request.run_id} closed {late:.2f}s after its request expired"
+    assert AuditLog.objects.filter(run_id__in=run_ids, event="hitl_timeout").count() == RUNS
+    assert not AuditLog.objects.filter(run_id__in=run_ids, event="zombie_detected").exists()  # not the sweeper
+    # Nothing of these runs ran: no step started, no task directory exists.
+    assert not Step.objects.filter(run_id__in=run_ids).exclude(run_status="").exists()
+    handles = Step.objects.filter(run_id__in=run_ids).exclude(handle_id="").values_list("handle_id", flat=True)
+    assert not list(handles)
+    assert not [path for path in settings.EXECGO_TASKS_DIR.glob("*")
+                if path.name.startswith(tuple(f"h-{step}-" for step in
+                                              Step.objects.filter(run_id__in=run_ids).values_list("pk", flat=True)))]

@@ -1,0 +1,98 @@
+"""Approvers in Debian's Chromium against a live Daphne server and a real
+worker: a request appears in the inbox without reload, shows the exact
+command, and Approve runs it; Reject with a reason closes the run rejected
+and the reason is on the run page. Screenshots under var/screenshots/."""
+
+import pytest
+from django.test import override_settings
+from playwright.sync_api import expect
+
+from approvals.models import ApprovalRequest
+from runs.models import Run
+from tests.conftest import make_user, token_client, wait_for_run, wait_until
+from tests.web.conftest import log_in, screenshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PASSWORD = "a-long-enough-password"
+# Rated high by the seeded policy (it names a package install) and harmless to run.
+HIGH_RISK_SCRIPT = "echo pip install --dry-run nothing"
+
+
+@pytest.fixture
+def approver(tenant):
+    user = make_user("alice", tenant, groups=("approvers",))
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
+        user.set_password(PASSWORD)
+    user.save()
+    return user
+
+
+def submit_high_risk(agent) -> int:
+    plan = {"steps": [{"id": "prep", "tool": "shell", "params": {"argv": ["echo", "ready"]}},
+                      {"id": "install", "tool": "shell", "params": {"script": HIGH_RISK_SCRIPT},
+                       "depends_on": ["prep"]}]}
+    response = token_client(agent).post("/api/v1/runs", {"title": "needs a human", "plan": plan}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def pending_request(run_id: int) -> ApprovalRequest:
+    wait_until(lambda: ApprovalRequest.objects.filter(run_id=run_id, status="pending").exists(), timeout=30,
+               what="the approval request")
+    return ApprovalRequest.objects.get(run_id=run_id, status="pending")
+
+
+def test_an_approver_sees_the_request_arrive_and_approves_it(page, celery_worker, seeded_policy, approver, agent):
+    log_in(page, "alice", PASSWORD)
+    page.goto("/approvals/")
+    page.wait_for_function("window.execgoLive && window.execgoLive.state === 'live'")
+    page.evaluate("window.loadedOnce = true")
+
+    run_id = submit_high_risk(agent)
+    approval = pending_request(run_id)
+    page.locator(f"#approval-{approval.pk}").wait_for(timeout=15_000)  # no reload
+    assert page.evaluate("window.loadedOnce") is True
+    screenshot(page, "approvals-inbox")
+
+    page.locator(f"#approval-{approval.pk} a").first.click()
+    expect(page.locator("[data-step=install] pre.command")).to_have_text(HIGH_RISK_SCRIPT)
+    assert "installs packages" in page.locator("[data-step=install]").inner_text()
+    assert approval.action_digest in page.locator("main").inner_text()
+    screenshot(page, "approval-request")
+    page.get_by_role("button", name="Approve").click()
+
+    run = wait_for_run(run_id, timeout=60)
+    assert run.state == "SUCCEEDED"
+    assert run.steps.get(step_id="install").result["output"]["stdout"] == "pip install --dry-run nothing\n"
+    approval.refresh_from_db()
+    assert approval.status == "approved"
+    assert list(approval.decisions.values_list("decider__username", "decision")) == [("alice", "approve")]
+    page.reload()
+    assert "approve by alice" in page.locator("#history-title + *").inner_text() or \
+        "alice" in page.locator("main").inner_text()
+    assert page.get_by_role("button", name="Approve").count() == 0
+    screenshot(page, "approval-decided")
+
+
+def test_an_approver_rejects_with_a_reason_shown_on_the_run_page(page, celery_worker, seeded_policy, approver,
+                                                                 agent):
+    log_in(page, "alice", PASSWORD)
+    run_id = submit_high_risk(agent)
+    approval = pending_request(run_id)
+    page.goto(f"/approvals/{approval.pk}/")
+
+    page.get_by_role("button", name="Reject").click()  # the reason is required: the browser refuses
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+    page.get_by_label("Reason (required)").fill("not on a shared host")
+    page.get_by_role("button", name="Reject").click()
+
+    run = wait_for_run(run_id, timeout=30)
+    assert (run.state, run.closing_cause) == ("CLOSED_REJECTED", "rejected")
+    assert not run.steps.exclude(run_status="").exists()  # nothing ran
+    page.goto(f"/runs/{run_id}/")
+    approval_section = page.locator("#approval-title + *")
+    expect(page.locator("main")).to_contain_text("not on a shared host")
+    assert "reject" in approval_section.inner_text()
+    screenshot(page, "run-rejected")
+    assert Run.objects.get(pk=run_id).state == "CLOSED_REJECTED"
