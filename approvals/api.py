@@ -33,13 +33,15 @@ class DecisionSerializer(serializers.Serializer):
 class ApprovalRequestSerializer(serializers.ModelSerializer):
     run_id = serializers.IntegerField()
     approvals = serializers.IntegerField(source="approvals_so_far")
+    edited_by = serializers.CharField(source="edited_by.username", allow_null=True, default=None)
     decisions = DecisionSerializer(many=True)
     page_url = serializers.SerializerMethodField()
 
     class Meta:
         model = ApprovalRequest
         fields = ["id", "run_id", "status", "risk", "policy_version", "action_digest", "approvals_required",
-                  "approvals", "requested_at", "expires_at", "decided_at", "steps", "decisions", "page_url"]
+                  "approvals", "requested_at", "expires_at", "decided_at", "steps", "original_steps", "edited_by",
+                  "decisions", "page_url"]
 
     def get_page_url(self, approval: ApprovalRequest) -> str:
         return reverse("approvals:detail", args=[approval.pk])
@@ -47,6 +49,11 @@ class ApprovalRequestSerializer(serializers.ModelSerializer):
 
 class CommentSerializer(serializers.Serializer):
     comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class ApproveSerializer(CommentSerializer):
+    edits = serializers.DictField(child=serializers.DictField(), required=False,
+                                  help_text="approve with edits: {step id: {argv | script | url: new value}}")
 
 
 def _request_or_404(request, request_id: int) -> ApprovalRequest:
@@ -81,15 +88,16 @@ class ApprovalDecideView(APIView):
     permission_classes = [IsHumanApprover]
     approve = True
 
-    @extend_schema(request=CommentSerializer, responses=ApprovalRequestSerializer)
+    @extend_schema(request=ApproveSerializer, responses=ApprovalRequestSerializer)
     def post(self, request, request_id: int):
         approval = _request_or_404(request, request_id)
-        body = CommentSerializer(data=request.data)
+        body = (ApproveSerializer if self.approve else CommentSerializer)(data=request.data)
         body.is_valid(raise_exception=True)
         if not self.approve and not body.validated_data["comment"].strip():
             raise ValidationError({"comment": ["a rejection needs a reason"]})
         outcome = approval_decide(request=approval, actor=request.user, approve=self.approve,
-                                  comment=body.validated_data["comment"].strip())
+                                  comment=body.validated_data["comment"].strip(),
+                                  edits=body.validated_data.get("edits") or None)
         return Response(ApprovalRequestSerializer(outcome.request).data)
 
 

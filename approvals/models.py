@@ -23,6 +23,7 @@ from django.db import models
 from django.db.models import Max, Q
 
 from runs.models import PolicyRule, Run, Step, Tenant
+from runs.webhooks import webhook_configured, webhook_notify
 
 APPROVERS_GROUP = "approvers"
 AGENTS_GROUP = "agents"
@@ -48,7 +49,7 @@ def normalised_action(step: Step) -> dict:
     reduced to their digest (and shown in full on the page)."""
     params = step.params or {}
     action: dict = {"id": step.step_id, "tool": step.tool, "depends_on": list(step.depends_on or []),
-                    "sandbox": step.requested_plan or {}}
+                    "sandbox": step.requested_plan or {}, "timeout_s": step.timeout_s, "retries": step.retries}
     if step.tool == "shell":
         action.update({key: params[key] for key in ("argv", "script", "cwd") if key in params})
         action["env"] = params.get("env") or {}
@@ -113,6 +114,29 @@ class ApprovalRequest(models.Model):
     @property
     def approvals_so_far(self) -> int:
         return sum(1 for decision in self.decisions.all() if decision.decision == DecisionKind.APPROVE)
+
+    def notify_decided(self, *, decided_by=None, comment: str = "", reason: str = "") -> None:
+        """The ``approval.decided`` webhook of this request, now in a final
+        status: a delivery row in the caller's transaction, sent after it commits."""
+        if not webhook_configured(settings.EXECGO_APPROVAL_WEBHOOK_URL):
+            return
+        webhook_notify("approval.decided", {
+            "request": self.pk, "run": self.run_id, "tenant": self.tenant_id, "status": str(self.status),
+            "decided_by": decided_by.get_username() if decided_by is not None else None, "comment": comment,
+            "reason": reason or None, "decided_at": self.decided_at.isoformat() if self.decided_at else None,
+            "url": f"/approvals/{self.pk}/",
+        }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=self.run_id, tenant_id=self.tenant_id)
+
+    @classmethod
+    def close_pending(cls, run_id: int, status: str, *, reason: str, now) -> list["ApprovalRequest"]:
+        """End the pending request of a run that left AWAITING_HITL another
+        way (a cancel, the sweeper), in the caller's transaction."""
+        closed = list(cls.objects.select_for_update().filter(run_id=run_id, status=ApprovalStatus.PENDING))
+        for request in closed:
+            request.status, request.decided_at = status, now
+            request.save(update_fields=["status", "decided_at"])
+            request.notify_decided(reason=reason)
+        return closed
 
     @classmethod
     def open_for(cls, run: Run, decision: dict, *, now) -> "ApprovalRequest":

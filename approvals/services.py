@@ -6,6 +6,10 @@ action unchanged), then recorded — Decision row, HITLDecisionTrace and
 AuditLog, committed — and only then drives the state machine. A decision
 that loses a race (the run was cancelled or expired meanwhile) is still on
 record.
+
+A request reaching a final status (approved, rejected, expired, voided)
+also records the ``approval.decided`` webhook, in the transaction that
+writes the status, when EXECGO_APPROVAL_WEBHOOK_URL and a secret are set.
 """
 
 from dataclasses import dataclass
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.edits import apply_edit, edited_steps, rate_edit
 from approvals.models import (
     AGENTS_GROUP,
     APPROVERS_GROUP,
@@ -26,7 +31,7 @@ from runs.audit import audit
 from runs.closing import run_close
 from runs.dispatch import enqueue_advance
 from runs.errors import ConflictError, DeniedError, ErrorCode, error_envelope
-from runs.models import AuditEvent, Step, Trace, TraceKind
+from runs.models import AuditEvent, Run, Step, Trace, TraceKind
 from runs.policy import current_policy_version
 from runs.selectors import tenant_of
 from runs.statemachine import RunState
@@ -58,7 +63,11 @@ def may_decide(user, request: ApprovalRequest) -> str | None:
     return None
 
 
-def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: str = "") -> Outcome:
+def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: str = "",
+                    edits: dict[str, dict] | None = None) -> Outcome:
+    """``edits`` ({step id: {param: value}}): approve with edits (see
+    approvals/edits.py); allowed with the first decision only, since other
+    approvers approved the plan as it stands."""
     decision = DecisionKind.APPROVE if approve else DecisionKind.REJECT
     reason = may_decide(actor, request)
     if reason is not None:
@@ -75,18 +84,26 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
             refused = "this request expired"
         elif locked.decisions.filter(decider=actor).exists():
             refused = "you already decided this request"
-        elif action_digest(list(Step.objects.filter(run_id=locked.run_id).order_by("position")),
+        elif action_digest(steps := list(Step.objects.filter(run_id=locked.run_id).order_by("position")),
                            locked.policy_version) != locked.action_digest:
             voided = "the plan changed since the approval was requested"
         elif current_policy_version() != locked.policy_version:
             voided = "the policy changed since the approval was requested"
+        elif edits and locked.decisions.exists():
+            refused = "edits come with the first decision: others approved the plan as it stands"
+        elif edits:
+            # Raises (and rolls back) when the edit is invalid or denied.
+            run = Run.objects.get(pk=locked.run_id)
+            edited = edited_steps(run, steps, edits)
+            apply_edit(locked, run, steps, edited, rate_edit(run, edited), actor)
         if voided:
             locked.status, locked.decided_at = ApprovalStatus.VOIDED, now
             locked.save(update_fields=["status", "decided_at"])
+            locked.notify_decided(decided_by=actor, reason=voided)
             audit(AuditEvent.APPROVAL_VOIDED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
                   caller="hitl controller", from_state=S.AWAITING_HITL, data={"request": locked.pk, "reason": voided})
         elif not refused:
-            approvals = _record(locked, actor, decision, comment, now)
+            approvals = _record(locked, actor, decision, comment, now, edits=edits)
     if refused:
         # Audited after the transaction (which wrote nothing): the row is kept on SQLite too.
         audit(AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
@@ -111,25 +128,28 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
     return Outcome(request=locked, approvals=approvals)
 
 
-def _record(request: ApprovalRequest, actor, decision: str, comment: str, now) -> int:
+def _record(request: ApprovalRequest, actor, decision: str, comment: str, now, *, edits: dict | None) -> int:
     """The decision, its trace and its audit row, in the caller's
     transaction; the request's outcome once the quorum or a reject says so."""
-    Decision.objects.create(request=request, decider=actor, decision=decision, comment=comment)
+    Decision.objects.create(request=request, decider=actor, decision=decision, comment=comment, edits=edits)
     approvals = request.decisions.filter(decision=DecisionKind.APPROVE).count()
     final = decision == DecisionKind.REJECT or approvals >= request.approvals_required
     if final:
         request.status = ApprovalStatus.APPROVED if decision == DecisionKind.APPROVE else ApprovalStatus.REJECTED
         request.decided_at = now
         request.save(update_fields=["status", "decided_at"])
+        request.notify_decided(decided_by=actor, comment=comment)
     Trace.objects.create(run_id=request.run_id, kind=TraceKind.HITL_DECISION, from_state=S.AWAITING_HITL, data={
         "decision": decision, "approver": actor.pk, "approver_name": actor.get_username(), "comment": comment,
         "timeout": False, "decided_at": now.isoformat(), "request": request.pk, "approvals": approvals,
         "approvals_required": request.approvals_required, "final": final,
+        **({"edits": edits, "edited_by": actor.get_username()} if edits else {}),
     })
     audit(AuditEvent.APPROVAL_APPROVED if decision == DecisionKind.APPROVE else AuditEvent.APPROVAL_REJECTED,
           run_id=request.run_id, tenant_id=request.tenant_id, actor=actor, caller="hitl controller",
           from_state=S.AWAITING_HITL, data={"request": request.pk, "comment": comment, "approvals": approvals,
-                                            "approvals_required": request.approvals_required})
+                                            "approvals_required": request.approvals_required,
+                                            **({"edits": edits} if edits else {})})
     return approvals
 
 
@@ -152,6 +172,7 @@ def approval_expire(request_id: int, *, now=None) -> bool:
             return False
         request.status, request.decided_at = ApprovalStatus.EXPIRED, now
         request.save(update_fields=["status", "decided_at"])
+        request.notify_decided(reason="expired with no decision")
         audit(AuditEvent.HITL_TIMEOUT, run_id=request.run_id, tenant_id=request.tenant_id,
               caller="hitl controller", from_state=S.AWAITING_HITL,
               data={"request": request.pk, "expires_at": request.expires_at.isoformat()})

@@ -8,4 +8,5 @@ urlpatterns = [
     path("<int:request_id>/", views.detail, name="detail"),
     path("<int:request_id>/approve", views.decide, {"verdict": "approve"}, name="approve"),
     path("<int:request_id>/reject", views.decide, {"verdict": "reject"}, name="reject"),
+    path("<int:request_id>/approve-edited", views.decide, {"verdict": "approve-edited"}, name="approve-edited"),
 ]

@@ -42,9 +42,33 @@ def detail(request, request_id: int):
     approval = request_for_user(request.user, request_id)
     if approval is None:
         raise Http404("no such approval request")
-    return render(request, "approvals/detail.html", {"approval": approval, "run": approval.run,
+    editable = any("argv" in step["action"] or "script" in step["action"] or step["action"].get("tool") == "http"
+                   for step in approval.steps)
+    return render(request, "approvals/detail.html", {"approval": approval, "run": approval.run, "editable": editable,
                                                      "decisions": list(approval.decisions.select_related("decider")),
                                                      "live_after": latest_event_id(), "nav": "approvals"})
+
+
+def _edits_from(form, approval) -> dict[str, dict]:
+    """The approver's edits from the "approve with edits" form: one field per
+    editable step (argv one argument a line, a script, or a URL); unchanged
+    fields are no edit."""
+    edits: dict[str, dict] = {}
+    for index, step in enumerate(approval.steps):
+        action = step["action"]
+        if f"edit-{index}-argv" in form and "argv" in action:
+            argv = [line for line in form[f"edit-{index}-argv"].replace("\r", "").split("\n") if line != ""]
+            if argv != action["argv"]:
+                edits[action["id"]] = {"argv": argv}
+        elif f"edit-{index}-script" in form and "script" in action:
+            script = form[f"edit-{index}-script"].replace("\r\n", "\n")
+            if script != action["script"]:
+                edits[action["id"]] = {"script": script}
+        elif f"edit-{index}-url" in form and action.get("tool") == "http":
+            url = form[f"edit-{index}-url"].strip()
+            if url != action.get("url"):
+                edits[action["id"]] = {"url": url}
+    return edits
 
 
 @login_required
@@ -57,8 +81,13 @@ def decide(request, request_id: int, verdict: str):
     if verdict == "reject" and not comment:
         messages.error(request, "A rejection needs a reason.")
         return redirect("approvals:detail", request_id=approval.pk)
+    edits = _edits_from(request.POST, approval) if verdict == "approve-edited" else None
+    if verdict == "approve-edited" and not edits:
+        messages.error(request, "Nothing was edited: use Approve.")
+        return redirect("approvals:detail", request_id=approval.pk)
     try:
-        outcome = approval_decide(request=approval, actor=request.user, approve=verdict == "approve", comment=comment)
+        outcome = approval_decide(request=approval, actor=request.user, approve=verdict != "reject", comment=comment,
+                                  edits=edits)
     except ExecGoError as exc:
         messages.error(request, exc.envelope["message"])
         return redirect("approvals:detail", request_id=approval.pk)

@@ -32,6 +32,7 @@ from runs.models import (
     Step,
     Tenant,
     Trace,
+    WebhookDelivery,
 )
 from runs.plan_schema import KNOWN_TOOLS
 from runs.policy import (
@@ -88,9 +89,18 @@ def job_latest_run(job: Job):
     return change_link("run", job.latest_run_id, job.latest_run) if job.latest_run_id else None
 
 
+# A delivery's status in the colours of the step it most resembles.
+WEBHOOK_BADGES = {"pending": "step-pending", "delivered": "step-success", "failed": "step-failed"}
+
+
+@admin.display(description="status", ordering="status")
+def webhook_status(delivery: WebhookDelivery):
+    return badge(delivery.status, WEBHOOK_BADGES.get(delivery.status, "step-pending"))
+
+
 @admin.display(description="run", ordering="run_id")
 def record_run(record):
-    """The run a step, trace, audit row, event or memory belongs to."""
+    """The run a step, trace, audit row, event, memory or webhook belongs to."""
     if record.run_id is None:
         return None
     try:
@@ -322,6 +332,19 @@ class MemoryEntryAdmin(PrettyJSONMixin, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Written and updated only by runs.webhooks (the notification, then each
+    attempt); an operator reads why a receiver did not get one."""
+
+    list_display = ("id", "event", webhook_status, "attempts", "last_status_code", "url", record_run, "tenant",
+                    "created_at", "delivered_at")
+    list_select_related = ("run", "tenant")
+    search_fields = ("event", "url")
+    list_filter = ("status", "event", "created_at")
+    show_full_result_count = False
 
 
 # --- policy -------------------------------------------------------------------

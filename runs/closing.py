@@ -63,8 +63,8 @@ def run_cancel_awaiting_approval(run_id: int) -> Run | None:
     try:
         with transaction.atomic():
             run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.AWAITING_HITL)
-            ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(
-                status=ApprovalStatus.CANCELLED, decided_at=timezone.now())
+            ApprovalRequest.close_pending(run_id, ApprovalStatus.CANCELLED, reason="the run was cancelled",
+                                          now=timezone.now())
         return run_close(run_id)
     except TransitionLost:
         return None

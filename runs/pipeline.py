@@ -8,6 +8,7 @@ the run moved on and stops (the transition's optimistic lock decides).
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,6 +25,7 @@ from runs.planners import PlanningFailed, plan_run
 from runs.policy import evaluate_policy
 from runs.statemachine import RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
+from runs.webhooks import webhook_configured, webhook_notify
 
 S = RunState
 logger = logging.getLogger(__name__)
@@ -113,12 +115,21 @@ def _check_policy(run: Run) -> None:
 
 def _request_approval(run: Run, decision: dict) -> None:
     """The approval request of a run entering AWAITING_HITL (same
-    transaction), and its expiry, sent for the moment it is due."""
+    transaction), its expiry, sent for the moment it is due, and the
+    approvers' notification (a webhook row in the same transaction, sent
+    after commit; its delivery never touches the run)."""
     approval = ApprovalRequest.open_for(run, decision, now=timezone.now())
     audit(AuditEvent.APPROVAL_REQUESTED, run_id=run.pk, tenant_id=run.tenant_id, caller="hitl controller",
           to_state=S.AWAITING_HITL, data={"request": approval.pk, "approvals_required": approval.approvals_required,
                                           "expires_at": approval.expires_at.isoformat()})
     enqueue_approval_expiry(approval.pk, eta=approval.expires_at)
+    if webhook_configured(settings.EXECGO_APPROVAL_WEBHOOK_URL):
+        webhook_notify("approval.requested", {
+            "request": approval.pk, "run": run.pk, "tenant": run.tenant_id, "risk": approval.risk,
+            "action_digest": approval.action_digest, "approvals_required": approval.approvals_required,
+            "expires_at": approval.expires_at.isoformat(), "actions": [step["action"] for step in approval.steps],
+            "url": f"/approvals/{approval.pk}/",
+        }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=run.pk, tenant_id=run.tenant_id)
 
 
 def _close(run: Run) -> None:

@@ -266,14 +266,13 @@ def _longest_text(step: Step) -> int:
 
 
 def _budget_usage(run: Run, steps: list[Step]) -> dict[str, float]:
-    attempts = {step.pk: 1 + step.retries for step in steps}
     shell_steps = [step for step in steps if step.tool == "shell"]
     cpu = min(sum(_step_cpu_bound(step, run) for step in shell_steps), run.timeout_s * _plan_width(shell_steps))
     return {
         "steps": len(steps),
         "run_seconds": run.timeout_s,
         "cpu_seconds": round(cpu, 3),
-        "http_calls": sum(attempts[step.pk] for step in steps if step.tool == "http"),
+        "http_calls": sum(1 + step.retries for step in steps if step.tool == "http"),
         "command_chars": max((_longest_text(step) for step in steps), default=0),
     }
 
@@ -294,9 +293,11 @@ def _max_risk(risks: Iterable[str]) -> str:
     return max(risks, key=RISK_ORDER.__getitem__, default=RiskLevel.LOW)
 
 
-def evaluate_policy(run: Run) -> PolicyDecision:
+def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision:
+    """Rate ``run``'s steps (its stored ones, or ``steps``: a plan an
+    approver edited, rated before it replaces the stored one)."""
     version, rules = _policy_snapshot()
-    steps = list(run.steps.order_by("position"))
+    steps = list(run.steps.order_by("position")) if steps is None else steps
     allowed = _allowed_hosts()
 
     compiled, broken = [], []

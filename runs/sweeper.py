@@ -96,8 +96,12 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
                                                        "by the zombie sweeper")
                     run_transition(run, target, **transition)
                     if stuck_in == S.AWAITING_HITL:  # the expiry's message was lost: this is the fallback
-                        ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalStatus.PENDING).update(
-                            status=ApprovalStatus.EXPIRED, decided_at=timezone.now())
+                        expired = ApprovalRequest.close_pending(run.pk, ApprovalStatus.EXPIRED, now=timezone.now(),
+                                                                reason="expired with no decision (sweeper)")
+                        for request in expired:
+                            audit(AuditEvent.HITL_TIMEOUT, run_id=run.pk, tenant_id=run.tenant_id,
+                                  caller="zombie sweeper", forced_by=ZOMBIE_SWEEPER, from_state=stuck_in,
+                                  data={"request": request.pk, "expires_at": request.expires_at.isoformat()})
             if not still_stuck:
                 run_transition(run, target, **transition)  # raises TransitionLost, audited as any lost race
         closed = run_close(run.pk)

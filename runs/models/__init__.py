@@ -1,5 +1,6 @@
 """The kernel's tables: runs and their steps (``run``), the policy
-(``policy``), and what runs leave behind (``records``)."""
+(``policy``), what runs leave behind (``records``), and the outgoing
+webhooks (``webhooks``)."""
 
 from runs.models.policy import PolicyRule, PolicyVersion, RiskLevel
 from runs.models.records import (
@@ -13,9 +14,10 @@ from runs.models.records import (
     TraceKind,
 )
 from runs.models.run import Job, JobStatus, Membership, Run, Step, StepRunStatus, StepStatus, Tenant
+from runs.models.webhooks import WebhookDelivery, WebhookStatus
 
 __all__ = [
     "FINAL_AUDIT_EVENT", "AuditEvent", "AuditLog", "Event", "EventType", "Job", "JobStatus", "Membership",
     "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
-    "Tenant", "Trace", "TraceKind",
+    "Tenant", "Trace", "TraceKind", "WebhookDelivery", "WebhookStatus",
 ]

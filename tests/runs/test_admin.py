@@ -33,13 +33,14 @@ from runs.models import (
     Tenant,
     Trace,
     TraceKind,
+    WebhookDelivery,
 )
 from runs.statemachine import RunState
 from runtime.models import HostCapacity
 from tests.conftest import make_user
 
 RUNS_MODELS = {"tenant", "membership", "job", "run", "step", "trace", "auditlog", "event", "memoryentry",
-               "policyrule", "policyversion"}
+               "policyrule", "policyversion", "webhookdelivery"}
 
 
 def changelist(model_name: str) -> str:
@@ -99,6 +100,8 @@ def one_of_each(run: Run) -> dict:
         "policyrule": PolicyRule.objects.create(name="no-sudo", tool="shell", field="command", pattern=r"\bsudo\b",
                                                 outcome="deny", reason="privilege escalation"),
         "policyversion": PolicyVersion.objects.get_or_create(pk=1)[0],
+        "webhookdelivery": WebhookDelivery.objects.create(event="approval.requested", url="https://hooks.example/x",
+                                                          payload={"request": 1}, run=run, tenant_id=run.tenant_id),
     }
 
 

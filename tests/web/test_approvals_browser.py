@@ -60,7 +60,7 @@ def test_an_approver_sees_the_request_arrive_and_approves_it(page, celery_worker
     assert "installs packages" in page.locator("[data-step=install]").inner_text()
     assert approval.action_digest in page.locator("main").inner_text()
     screenshot(page, "approval-request")
-    page.get_by_role("button", name="Approve").click()
+    page.get_by_role("button", name="Approve", exact=True).click()
 
     run = wait_for_run(run_id, timeout=60)
     assert run.state == "SUCCEEDED"
@@ -71,7 +71,7 @@ def test_an_approver_sees_the_request_arrive_and_approves_it(page, celery_worker
     page.reload()
     assert "approve by alice" in page.locator("#history-title + *").inner_text() or \
         "alice" in page.locator("main").inner_text()
-    assert page.get_by_role("button", name="Approve").count() == 0
+    assert page.get_by_role("button", name="Approve", exact=True).count() == 0
     screenshot(page, "approval-decided")
 
 
@@ -96,3 +96,34 @@ def test_an_approver_rejects_with_a_reason_shown_on_the_run_page(page, celery_wo
     assert "reject" in approval_section.inner_text()
     screenshot(page, "run-rejected")
     assert Run.objects.get(pk=run_id).state == "CLOSED_REJECTED"
+
+
+def test_approve_with_an_edited_argv_runs_the_edited_command(page, celery_worker, seeded_policy, approver, agent):
+    plan = {"steps": [{"id": "install", "tool": "shell", "params": {"argv": ["echo", "pip", "install", "everything"]}}]}
+    response = token_client(agent).post("/api/v1/runs", {"title": "edit me", "plan": plan}, format="json")
+    run_id = response.json()["id"]
+    approval = pending_request(run_id)
+    log_in(page, "alice", PASSWORD)
+    page.goto(f"/approvals/{approval.pk}/")
+
+    page.get_by_label("install: argv, one argument per line").fill("echo\nnarrowed")
+    page.get_by_role("button", name="Approve with edits").click()
+
+    run = wait_for_run(run_id, timeout=60)
+    assert run.state == "SUCCEEDED"
+    step = run.steps.get()
+    assert step.params["argv"] == ["echo", "narrowed"]
+    assert step.result["output"]["stdout"] == "narrowed\n"  # what ran is what was approved
+    approval.refresh_from_db()
+    assert approval.status == "approved" and approval.edited_by.username == "alice"
+    assert approval.original_steps[0]["action"]["argv"] == ["echo", "pip", "install", "everything"]
+    assert approval.steps[0]["action"]["argv"] == ["echo", "narrowed"]
+    page.goto(f"/approvals/{approval.pk}/")
+    expect(page.locator("main")).to_contain_text("edited by alice")
+    expect(page.locator("main")).to_contain_text("echo pip install everything")  # the original, kept and shown
+    screenshot(page, "approval-edited")
+    # The agent sees that its plan was edited, and by whom.
+    body = token_client(agent).get(f"/api/v1/runs/{run_id}").json()
+    assert body["plan"]["steps"][0]["params"]["argv"] == ["echo", "narrowed"]
+    page.goto(f"/runs/{run_id}/")
+    expect(page.locator("#approval-title + *")).to_contain_text("edited by alice")
