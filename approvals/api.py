@@ -104,4 +104,9 @@ class ApprovalDecideView(APIView):
 class ApprovalRejectView(ApprovalDecideView):
     approve = False
 
+    @extend_schema(request=CommentSerializer, responses=ApprovalRequestSerializer,
+                   description="A reject needs a reason: a non-empty comment.")
+    def post(self, request, request_id: int):
+        return super().post(request, request_id)
+
 

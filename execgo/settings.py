@@ -301,6 +301,8 @@ EXECGO_BUDGET_MAX_CPU_SECONDS = env_int("EXECGO_BUDGET_MAX_CPU_SECONDS", 600)
 EXECGO_BUDGET_MAX_HTTP_CALLS = env_int("EXECGO_BUDGET_MAX_HTTP_CALLS", 50)
 EXECGO_BUDGET_MAX_COMMAND_CHARS = env_int("EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192)
 EXECGO_HTTP_ALLOWED_HOSTS = env_list("EXECGO_HTTP_ALLOWED_HOSTS", [])
+# The hosts a run's callback_url may name (empty: no callbacks).
+EXECGO_CALLBACK_ALLOWED_HOSTS = env_list("EXECGO_CALLBACK_ALLOWED_HOSTS", [])
 
 # The llm planner: an OpenAI-compatible chat-completions endpoint.
 EXECGO_LLM_URL = env_str("EXECGO_LLM_URL", "")

@@ -18,6 +18,7 @@ from runs.outbox import emit_step_event
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
 from runs.steps import IN_FLIGHT, skip_pending, unstarted_result
 from runs.transitions import TraceRecord, TransitionLost, lock_run, run_transition
+from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 
 S = RunState
 
@@ -48,6 +49,9 @@ def run_close(run_id: int) -> Run | None:
         )
         if target == S.SUCCEEDED:
             memory_write(run)
+        if run.callback_url and "final" in run.callback_events and webhook_configured(run.callback_url):
+            webhook_notify("run.final", run_callback_payload(run), url=run.callback_url, run_id=run.pk,
+                           tenant_id=run.tenant_id)
         if cancel_superseded:
             # A cancel that arrived too late to apply is answered, not dropped.
             audit(AuditEvent.CANCEL_SUPERSEDED, run_id=run.pk, tenant_id=run.tenant_id,

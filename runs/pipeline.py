@@ -25,7 +25,7 @@ from runs.planners import PlanningFailed, plan_run
 from runs.policy import evaluate_policy
 from runs.statemachine import RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
-from runs.webhooks import webhook_configured, webhook_notify
+from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 
 S = RunState
 logger = logging.getLogger(__name__)
@@ -130,6 +130,11 @@ def _request_approval(run: Run, decision: dict) -> None:
             "expires_at": approval.expires_at.isoformat(), "actions": [step["action"] for step in approval.steps],
             "url": f"/approvals/{approval.pk}/",
         }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=run.pk, tenant_id=run.tenant_id)
+    if run.callback_url and "awaiting_human" in run.callback_events and webhook_configured(run.callback_url):
+        webhook_notify("run.awaiting_human", {**run_callback_payload(run), "state": S.AWAITING_HITL,
+                                              "approval": {"page": f"/approvals/{approval.pk}/",
+                                                           "api": f"/api/v1/approvals/{approval.pk}"}},
+                       url=run.callback_url, run_id=run.pk, tenant_id=run.tenant_id)
 
 
 def _close(run: Run) -> None:

@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
-from runs.plan_schema import KNOWN_TOOLS
+from runs.plan_schema import KNOWN_TOOLS, validate_plan
 
 ANY_TOOL = "*"
 RISK_ORDER = {RiskLevel.LOW: 0, RiskLevel.MEDIUM: 1, RiskLevel.HIGH: 2, RiskLevel.DENY: 3}
@@ -382,3 +382,14 @@ def _denial_envelope(version: int, denying: list[dict], over_budget: list[dict])
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def policy_dry_run(*, plan: dict, tenant, timeout_s: int | None = None) -> PolicyDecision:
+    """``evaluate_policy`` of a plan that is not a run (``POST
+    /api/v1/policy/evaluate``): validated like a submission, nothing written."""
+    run = Run(tenant=tenant, timeout_s=timeout_s or settings.EXECGO_RUN_TIMEOUT_S)
+    steps = [Step(step_id=step["id"], position=position, tool=step["tool"], params=step["params"],
+                  depends_on=step["depends_on"], timeout_s=step["timeout_s"], retries=step["retries"],
+                  requested_plan=step.get("sandbox") or {})
+             for position, step in enumerate(validate_plan(plan))]
+    return evaluate_policy(run, steps=steps)

@@ -4,6 +4,8 @@ The API, the admin and the dashboard call these; none of them writes a run
 on its own.
 """
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +34,15 @@ class Submission:
 
 def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str, plan: dict, goal: str,
                 timeout_s: int, approval_timeout_s: int, idempotency_key: str | None = None,
-                retry_of: Run | None = None) -> Run:
+                idempotency_fingerprint: str = "", retry_of: Run | None = None, callback_url: str = "",
+                callback_events: list[str] | None = None) -> Run:
     now = timezone.now()
     run = Run.objects.create(
         job=job, tenant=tenant, submitted_by=user, title=title, planner=planner, plan=plan, goal=goal,
         timeout_s=timeout_s,
         approval_timeout_s=approval_timeout_s, idempotency_key=idempotency_key, retry_of=retry_of,
-        last_state_change_at=now,
+        idempotency_fingerprint=idempotency_fingerprint, callback_url=callback_url,
+        callback_events=callback_events or [], last_state_change_at=now,
     )
     statements.update(Job, {"id": job.pk}, {"latest_run_id": run.pk})  # the projector follows the latest run
     record_state(run, None, S.CREATED, now, event=AuditEvent.RUN_CREATED, caller="api", actor=user,
@@ -50,13 +54,20 @@ def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str
 
 def run_submit(*, tenant: Tenant, user: Any, plan: dict | None = None, title: str = "", planner: str = "static",
                goal: str = "", timeout_s: int | None = None, approval_timeout_s: int | None = None,
-               idempotency_key: str | None = None) -> Submission:
+               idempotency_key: str | None = None, callback_url: str = "",
+               callback_events: list[str] | None = None) -> Submission:
+    """A new run, or with an ``idempotency_key`` the run that key already
+    made for the same request (another request body with it is a 409)."""
     if planner == "static":
         validate_plan(plan)
+    callback_events = list(dict.fromkeys(callback_events or (["final"] if callback_url else [])))
+    fingerprint = _fingerprint(plan=plan, title=title, planner=planner, goal=goal, timeout_s=timeout_s,
+                               approval_timeout_s=approval_timeout_s, callback_url=callback_url,
+                               callback_events=callback_events) if idempotency_key else ""
     if idempotency_key:
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return Submission(existing, created=False)
+            return _replayed(existing, fingerprint)
     try:
         with transaction.atomic():
             job = Job.objects.create(tenant=tenant, title=title, created_by=user)
@@ -64,15 +75,27 @@ def run_submit(*, tenant: Tenant, user: Any, plan: dict | None = None, title: st
                 job=job, tenant=tenant, user=user, title=title, planner=planner, plan=plan or {}, goal=goal,
                 timeout_s=timeout_s or settings.EXECGO_RUN_TIMEOUT_S,
                 approval_timeout_s=approval_timeout_s or settings.EXECGO_APPROVAL_TIMEOUT_S,
-                idempotency_key=idempotency_key or None,
+                idempotency_key=idempotency_key or None, idempotency_fingerprint=fingerprint,
+                callback_url=callback_url, callback_events=callback_events,
             )
     except IntegrityError:
         # Two requests with one Idempotency-Key raced; the other one won.
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is None:
             raise
-        return Submission(existing, created=False)
+        return _replayed(existing, fingerprint)
     return Submission(run, created=True)
+
+
+def _fingerprint(**request: Any) -> str:
+    return hashlib.sha256(json.dumps(request, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def _replayed(existing: Run, fingerprint: str) -> Submission:
+    if existing.idempotency_fingerprint and existing.idempotency_fingerprint != fingerprint:
+        raise ConflictError(ErrorCode.INVALID_INPUT, "this Idempotency-Key was used with another request body",
+                            source="api", details={"run": existing.pk})
+    return Submission(existing, created=False)
 
 
 def run_cancel(*, run: Run, user: Any) -> Run:
@@ -111,5 +134,6 @@ def run_retry(*, run: Run, user: Any) -> Run:
         return _create_run(
             job=run.job, tenant=run.tenant, user=user, title=run.title, planner=run.planner,
             plan=run.plan if run.planner == "static" else {}, goal=run.goal, timeout_s=run.timeout_s,
-            approval_timeout_s=run.approval_timeout_s, retry_of=run,
+            approval_timeout_s=run.approval_timeout_s, retry_of=run, callback_url=run.callback_url,
+            callback_events=run.callback_events,
         )

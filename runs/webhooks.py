@@ -58,7 +58,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import WebhookDelivery, WebhookStatus
+from runs.models import Run, Step, WebhookDelivery, WebhookStatus
 
 logger = logging.getLogger(__name__)
 
@@ -206,3 +206,15 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str, bool]:
         return None, f"{type(error.reason).__name__}: {error.reason}"[:ERROR_CHARS], False
     except (OSError, http.client.HTTPException, ValueError) as error:  # timeouts, resets, bad status lines
         return None, f"{type(error).__name__}: {error}"[:ERROR_CHARS], False
+
+
+def run_callback_payload(run: Run) -> dict:
+    """What a run's callback_url receives: the run's summary (its API
+    representation has the rest)."""
+    steps = Step.objects.filter(run_id=run.pk).order_by("position").values_list("step_id", "status", "attempt")
+    return {
+        "run": run.pk, "title": run.title, "state": run.state, "closing_cause": run.closing_cause,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "steps": [{"id": step_id, "status": status, "attempts": attempt} for step_id, status, attempt in steps],
+        "url": f"/api/v1/runs/{run.pk}",
+    }

@@ -14,12 +14,15 @@ from runs.api.serializers import (
     EventSerializer,
     JobSerializer,
     MemorySerializer,
+    PlanEvaluateSerializer,
+    PolicyEvaluationSerializer,
     RunCreateSerializer,
     RunSerializer,
     RunSummarySerializer,
 )
 from runs.dataplane import step_log_path
 from runs.models import Run
+from runs.policy import policy_dry_run
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
 from runs.statemachine import RunState
@@ -134,6 +137,27 @@ class StepLogView(APIView):
         response = FileResponse(open(path, "rb"), content_type="text/plain; charset=utf-8")
         response["Content-Disposition"] = f'inline; filename="{step.handle_id}-{stream}.log"'
         return response
+
+
+class PolicyEvaluateView(APIView):
+    """A dry run of POLICY_CHECK: the same rating of a plan, without a run,
+    a trace or an audit row."""
+
+    @extend_schema(request=PlanEvaluateSerializer, responses=PolicyEvaluationSerializer)
+    def post(self, request):
+        tenant = tenant_of(request.user)
+        if tenant is None:
+            raise PermissionDenied("this account belongs to no tenant")
+        body = PlanEvaluateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        decision = policy_dry_run(plan=body.validated_data["plan"], tenant=tenant,
+                                  timeout_s=body.validated_data.get("timeout_s"))
+        return Response({
+            "risk": decision.risk, "needs_human": decision.risk == "high", "rejected": decision.rejected,
+            "policy_version": decision.data["policy_version"], "steps": decision.data["steps"],
+            "matched_rules": decision.data["matched_rules"], "budget": decision.data["budget"],
+            "error": decision.error,
+        })
 
 
 class JobDetailView(APIView):

@@ -13,10 +13,11 @@ from runs.models.records import (
     Trace,
     TraceKind,
 )
-from runs.models.run import Job, JobStatus, Membership, Run, Step, StepRunStatus, StepStatus, Tenant
+from runs.models.run import CALLBACK_EVENTS, Job, JobStatus, Membership, Run, Step, StepRunStatus, StepStatus, Tenant
 from runs.models.webhooks import WebhookDelivery, WebhookStatus
 
 __all__ = [
+    "CALLBACK_EVENTS",
     "FINAL_AUDIT_EVENT", "AuditEvent", "AuditLog", "Event", "EventType", "Job", "JobStatus", "Membership",
     "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
     "Tenant", "Trace", "TraceKind", "WebhookDelivery", "WebhookStatus",

@@ -77,6 +77,9 @@ def _closes_into(target: RunState):
     return condition
 
 
+CALLBACK_EVENTS = ("final", "awaiting_human")
+
+
 class Run(ConcurrentTransitionMixin, models.Model):
     # The plan and the assembled context are the bulk of a row: the state
     # machine's reads leave them out, and the stage that needs one loads it.
@@ -99,6 +102,12 @@ class Run(ConcurrentTransitionMixin, models.Model):
     timeout_s = models.PositiveIntegerField()
     approval_timeout_s = models.PositiveIntegerField()
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # A digest of the request an Idempotency-Key was first used with: the
+    # same key with another body is a conflict, not a replay.
+    idempotency_fingerprint = models.CharField(max_length=64, blank=True)
+    # Where ExecGo POSTs the run's summary (signed, see runs/webhooks.py), and on which events.
+    callback_url = models.CharField(max_length=2000, blank=True)
+    callback_events = models.JSONField(default=list, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

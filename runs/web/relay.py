@@ -22,6 +22,8 @@ and the cursor is a valid resume point for every consumer.
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from channels.db import database_sync_to_async
@@ -90,6 +92,21 @@ class OutboxRelay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._hole_since: tuple[int, float] | None = None  # (first missing id, when first seen)
+        # The API's waiting views of this process, by run: each gets the run's events.
+        self._subscribers: dict[int, set[asyncio.Queue]] = {}
+
+    @contextmanager
+    def subscription(self, run_id: int) -> Iterator[asyncio.Queue]:
+        """A queue of ``run_id``'s events (payloads) from now on, in order."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self._subscribers.setdefault(run_id, set()).add(queue)
+        try:
+            yield queue
+        finally:
+            queues = self._subscribers.get(run_id, set())
+            queues.discard(queue)
+            if not queues:
+                self._subscribers.pop(run_id, None)
 
     async def ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -141,6 +158,8 @@ class OutboxRelay:
                 message = {"type": "relay.event", "event": event_payload(row)}
                 for group in groups_for(row):
                     await layer.group_send(group, message)
+                for queue in self._subscribers.get(row["run_id"], ()):
+                    queue.put_nowait(message["event"])
                 self.sent += 1
             if len(rows) < BATCH:
                 return False

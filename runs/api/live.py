@@ -1,0 +1,192 @@
+"""The API's waiting views, async so a waiting client holds no thread:
+``runs/{id}/wait`` returns when the run reaches a kind of state (or at the
+timeout), ``runs/{id}/stream`` is one SSE event per outbox row. Both are
+woken by this web process's outbox relay (runs/web/relay.py), not by a
+sleep loop per request.
+
+They are Channels HTTP consumers routed before Django's middleware
+(execgo/asgi.py): Django runs each request's middleware in a thread of that
+request's own, so a waiting view behind it would still hold a thread per
+client. They authenticate like the rest of the API (a token, or the session
+through Channels' AuthMiddlewareStack) and answer errors with the same
+envelope.
+"""
+
+import asyncio
+import json
+import time
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.http import AsyncHttpConsumer
+from django.core.serializers.json import DjangoJSONEncoder
+from rest_framework.authtoken.models import Token
+
+from runs.api.serializers import RunSerializer
+from runs.errors import ErrorCode, error_envelope
+from runs.models import Event, EventType, Run
+from runs.selectors import runs_for_user
+from runs.statemachine import FINAL, RunState
+from runs.web.relay import event_payload, relay
+
+
+def _db(func):
+    """``func`` on the loop's bounded thread pool. Django gives every request
+    its own thread for thread-sensitive calls, kept while the request lasts:
+    a waiting client would hold one each."""
+    return database_sync_to_async(func, thread_sensitive=False)
+
+
+WAIT_MAX_S = 60.0
+KEEP_ALIVE_S = 15.0
+UNTIL = {
+    "final": FINAL,
+    "needs_human": frozenset({RunState.AWAITING_HITL}),
+    "any": FINAL | {RunState.AWAITING_HITL},
+}
+STREAM_BACKLOG = 5000
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str, status: int, **details) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"error": error_envelope(code, message, source="api", details=details)}
+
+
+def _user_for_token(key: str):
+    token = Token.objects.select_related("user").filter(key=key).first()
+    return token.user if token is not None and token.user.is_active else None
+
+
+def _headers(scope) -> dict[str, str]:
+    return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", [])}
+
+
+async def _authenticate(scope):
+    header = _headers(scope).get("authorization", "")
+    if header.startswith("Token "):
+        user = await _db(_user_for_token)(header[len("Token "):].strip())
+    else:
+        user = scope.get("user")  # the session, through AuthMiddlewareStack
+    if user is None or not user.is_authenticated:
+        raise _Refused(ErrorCode.DENIED, "authentication credentials were not provided or are invalid", 401)
+    return user
+
+
+def _json(body: dict) -> bytes:
+    return json.dumps(body, cls=DjangoJSONEncoder).encode()
+
+
+class _ApiConsumer(AsyncHttpConsumer):
+    """A GET-only endpoint answering errors with the API's envelope."""
+
+    async def handle(self, body: bytes) -> None:
+        try:
+            if self.scope["method"] != "GET":
+                raise _Refused(ErrorCode.INVALID_INPUT, f"method {self.scope['method']} not allowed", 405)
+            query = {key: values[-1] for key, values in parse_qs(self.scope.get("query_string", b"").decode()).items()}
+            await self.respond(await _authenticate(self.scope), int(self.scope["url_route"]["kwargs"]["run_id"]),
+                               query)
+        except _Refused as refused:
+            await self.send_response(refused.status, _json(refused.body),
+                                     headers=[(b"Content-Type", b"application/json")])
+
+
+def _run_of(user, run_id: int) -> Run | None:
+    return runs_for_user(user).filter(pk=run_id).first()
+
+
+def _run_body(run_id: int) -> dict:
+    run = Run.objects.prefetch_related("steps").get(pk=run_id)
+    return RunSerializer(run).data
+
+
+class RunWaitConsumer(_ApiConsumer):
+    """``GET /api/v1/runs/{id}/wait?until=final|needs_human|any&timeout=<s>``:
+    the run once it is in that kind of state (``reached: true``), or as it
+    is at the timeout (``reached: false``)."""
+
+    async def respond(self, user, run_id: int, query: dict) -> None:
+        until = query.get("until", "final")
+        if until not in UNTIL:
+            raise _Refused(ErrorCode.INVALID_INPUT, f"until must be one of {', '.join(UNTIL)}", 400, until=until)
+        try:
+            timeout = min(max(float(query.get("timeout", "30")), 0.0), WAIT_MAX_S)
+        except ValueError:
+            raise _Refused(ErrorCode.INVALID_INPUT, "timeout must be a number of seconds", 400) from None
+        if await _db(_run_of)(user, run_id) is None:
+            raise _Refused(ErrorCode.NOT_FOUND, f"no run {run_id}", 404)
+        await relay.ensure_started()
+        deadline = time.monotonic() + timeout
+        # Subscribed before the state is read: a change committed in between
+        # still wakes us.
+        with relay.subscription(run_id) as events:
+            while True:
+                state = await _db(_state_of)(run_id)
+                reached = state in UNTIL[until]
+                remaining = deadline - time.monotonic()
+                if reached or remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(events.get(), remaining)
+                except TimeoutError:
+                    pass
+        body = await _db(_run_body)(run_id)
+        await self.send_response(200, _json({**body, "reached": reached}),
+                                 headers=[(b"Content-Type", b"application/json")])
+
+
+def _state_of(run_id: int) -> str:
+    return Run.objects.filter(pk=run_id).values_list("state", flat=True).get()
+
+
+def _backlog(run_id: int, after: int, upto: int) -> list[dict]:
+    return list(Event.objects.filter(run_id=run_id, pk__gt=after, pk__lte=upto).order_by("pk")
+                .values("id", "type", "run_id", "task_id", "handle_id", "timestamp", "message", "data")
+                [:STREAM_BACKLOG])
+
+
+def _sse(event: dict) -> str:
+    return f"id: {event['id']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+def _ends(event: dict) -> bool:
+    return event["type"] == EventType.RUN_STATE_CHANGED and event["data"].get("to") in FINAL
+
+
+class RunStreamConsumer(_ApiConsumer):
+    """``GET /api/v1/runs/{id}/stream``: Server-Sent Events, one per outbox
+    row of the run, from ``Last-Event-ID`` (or ``?last_event_id=``) on;
+    ``: keep-alive`` comments while quiet; closes after the final state."""
+
+    async def respond(self, user, run_id: int, query: dict) -> None:
+        raw = _headers(self.scope).get("last-event-id") or query.get("last_event_id") or "0"
+        if not raw.isascii() or not raw.isdigit():
+            raise _Refused(ErrorCode.INVALID_INPUT, "Last-Event-ID must be an event id", 400)
+        last = int(raw)
+        if await _db(_run_of)(user, run_id) is None:
+            raise _Refused(ErrorCode.NOT_FOUND, f"no run {run_id}", 404)
+        await relay.ensure_started()
+        await self.send_headers(status=200, headers=[(b"Content-Type", b"text/event-stream"),
+                                                     (b"Cache-Control", b"no-store"), (b"X-Accel-Buffering", b"no")])
+        with relay.subscription(run_id) as live:
+            upto = relay.cursor
+            for event in await _db(_backlog)(run_id, last, upto):
+                payload = event_payload(event)
+                await self.send_body(_sse(payload).encode(), more_body=True)
+                if _ends(payload):
+                    return await self.send_body(b"")
+            last = max(last, upto)
+            while True:
+                try:
+                    event = await asyncio.wait_for(live.get(), KEEP_ALIVE_S)
+                except TimeoutError:
+                    await self.send_body(b": keep-alive\n\n", more_body=True)
+                    continue
+                if event["id"] <= last:
+                    continue
+                last = event["id"]
+                await self.send_body(_sse(event).encode(), more_body=not _ends(event))
+                if _ends(event):
+                    return
