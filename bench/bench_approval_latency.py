@@ -12,14 +12,13 @@ does through the same service) and reads the first step's started_at.
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchdb import ensure_database
+from benchprocs import start_worker, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -74,11 +73,7 @@ def main() -> None:
 
     data_dir = Path(os.environ["EXECGO_DATA_DIR"])
     data_dir.mkdir(parents=True, exist_ok=True)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", "2",
-         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-        cwd=ROOT, env=os.environ.copy(), stdout=open(data_dir / "bench-worker.log", "wb"),
-        stderr=subprocess.STDOUT, start_new_session=True)
+    worker = start_worker(data_dir)
     plan = {"steps": [{"id": "install", "tool": "shell", "params": {"argv": ["echo", "pip", "install", "nothing"]}}]}
     try:
         samples = []
@@ -102,8 +97,7 @@ def main() -> None:
               f"p95 {p95:.1f} ms, max {samples[-1]:.1f} ms "
               f"({os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]})")
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
+        stop(worker)
 
 
 if __name__ == "__main__":

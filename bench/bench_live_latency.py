@@ -21,16 +21,14 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
 from benchdb import ensure_database
+from benchprocs import start_web, start_worker, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,17 +37,6 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
 os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench-live"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
 os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def event_table_scans() -> int:
@@ -104,23 +91,9 @@ def main() -> None:
     cookie = browser.cookies[settings.SESSION_COOKIE_NAME].value
 
     data_dir = Path(os.environ["EXECGO_DATA_DIR"])
-    port = free_port()
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", "2",
-         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-        cwd=ROOT, env=os.environ.copy(), stdout=open(data_dir / "bench-worker.log", "wb"),
-        stderr=subprocess.STDOUT, start_new_session=True)
-    web_log = data_dir / "bench-daphne.log"
-    web = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "execgo.asgi:application"],
-        cwd=ROOT, env=os.environ.copy(), stdout=open(web_log, "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+    worker = start_worker(data_dir)
+    web, port = start_web(data_dir)
     try:
-        deadline = time.monotonic() + 60
-        while not _listening(port):
-            if web.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"daphne did not start:\n{web_log.read_text()[-3000:]}")
-            time.sleep(0.1)
         after = Event.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         url = f"ws://127.0.0.1:{port}/ws/live/?scope=runs&after={after}"
         plan = {"steps": [{"id": "only", "tool": "shell", "params": {"argv": ["true"]}}]}
@@ -154,10 +127,7 @@ def main() -> None:
         print(f"web process reads of the Event table: {scans} for {relayed} events written "
               f"({scans / max(relayed, 1):.3f} per event)")
     finally:
-        for proc in (web, worker):
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in (web, worker):
-            proc.wait(timeout=30)
+        stop(web, worker)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ SUCCEEDED and the web process's thread count (peak, and before) meanwhile.
 
 import argparse
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -25,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchdb import ensure_database
+from benchprocs import start_web, start_worker, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,17 +31,6 @@ os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
 os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench-wait"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
 os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def main() -> None:
@@ -78,16 +65,8 @@ def main() -> None:
 
     data_dir = Path(os.environ["EXECGO_DATA_DIR"])
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", "2",
-         "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-        cwd=ROOT, env=os.environ.copy(), stdout=open(data_dir / "bench-worker.log", "wb"),
-        stderr=subprocess.STDOUT, start_new_session=True)
-    web = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "execgo.asgi:application"],
-        cwd=ROOT, env=os.environ.copy(), stdout=open(data_dir / "bench-daphne.log", "wb"),
-        stderr=subprocess.STDOUT, start_new_session=True)
+    worker = start_worker(data_dir)
+    web, port = start_web(data_dir)
 
     def wait(run_id: int, timeout: int = 60) -> tuple[float, dict]:
         request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/runs/{run_id}/wait?until=final"
@@ -101,11 +80,6 @@ def main() -> None:
         return api.post("/api/v1/runs", {"plan": plan}, format="json").json()["id"]
 
     try:
-        deadline = time.monotonic() + 60
-        while not listening(port):
-            if web.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("daphne did not start")
-            time.sleep(0.1)
         latencies = []
         for index in range(args.samples + 1):  # the first one warms up and is not counted
             answered, body = wait(submit("0.2"))
@@ -131,10 +105,7 @@ def main() -> None:
         print(f"{args.waiters} concurrent waiters on one run: {done} returned SUCCEEDED; web process threads "
               f"{before} before, {peak} at most while they waited")
     finally:
-        for proc in (web, worker):
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in (web, worker):
-            proc.wait(timeout=30)
+        stop(web, worker)
 
 
 if __name__ == "__main__":

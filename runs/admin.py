@@ -239,6 +239,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         ("Cancellation", {"fields": ("cancel_requested_at", "cancel_requested_by")}),
         ("Plan", {"fields": ("planner", "goal", "plan", "timeout_s", "approval_timeout_s", "idempotency_key",
                              "context")}),
+        ("Callback", {"fields": ("callback_url", "callback_events")}),
     )
     # Spelled out, not only implied by the missing change permission, so that
     # granting one later can never make the state an input.

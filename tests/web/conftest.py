@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.test import Client
+from django.test import Client, override_settings
 
-from tests.conftest import ROOT, _worker_env
+from tests.conftest import ROOT, _worker_env, make_user
 
 # Playwright's sync API runs an event loop in the test's thread; the ORM
 # calls of the tests themselves are still plain synchronous ones.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "a-long-enough-password"  # the approver's, typed into the login form
 SCREENSHOTS = ROOT / "var" / "screenshots" / ("sqlite" if settings.IS_SQLITE else "postgres")
 
 
@@ -81,6 +82,17 @@ def live_web(transactional_db):
     if _server is None or _server.proc.poll() is not None:
         _server = DaphneServer().start()
     return _server
+
+
+@pytest.fixture
+def approver(tenant):
+    """alice, an approver who logs in through the form with PASSWORD."""
+    user = make_user("alice", tenant, groups=("approvers",))
+    # Hashed with a hasher the server knows (this process uses a fast test-only one).
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
+        user.set_password(PASSWORD)
+    user.save()
+    return user
 
 
 def session_cookie(user) -> str:

@@ -4,28 +4,17 @@ command, and Approve runs it; Reject with a reason closes the run rejected
 and the reason is on the run page. Screenshots under var/screenshots/."""
 
 import pytest
-from django.test import override_settings
 from playwright.sync_api import expect
 
 from approvals.models import ApprovalRequest
 from runs.models import Run
-from tests.conftest import make_user, token_client, wait_for_run, wait_until
-from tests.web.conftest import log_in, screenshot
+from tests.conftest import token_client, wait_for_run, wait_until
+from tests.web.conftest import PASSWORD, log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PASSWORD = "a-long-enough-password"
 # Rated high by the seeded policy (it names a package install) and harmless to run.
 HIGH_RISK_SCRIPT = "echo pip install --dry-run nothing"
-
-
-@pytest.fixture
-def approver(tenant):
-    user = make_user("alice", tenant, groups=("approvers",))
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        user.set_password(PASSWORD)
-    user.save()
-    return user
 
 
 def submit_high_risk(agent) -> int:

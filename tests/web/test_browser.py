@@ -7,26 +7,14 @@ import re
 import time
 
 import pytest
-from django.test import override_settings
 from playwright.sync_api import expect
 
 from runs.models import Run
-from tests.conftest import make_user, token_client, wait_for_run, wait_until
-from tests.web.conftest import log_in, screenshot
+from tests.conftest import token_client, wait_for_run, wait_until
+from tests.web.conftest import PASSWORD, log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PASSWORD = "a-long-enough-password"
-
-
-@pytest.fixture
-def approver(tenant):
-    user = make_user("alice", tenant, groups=("approvers",))
-    # Hashed with a hasher the server knows (this process uses a fast test-only one).
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        user.set_password(PASSWORD)
-    user.save()
-    return user
 
 
 def submit(agent, plan: dict, title: str = "") -> int:
