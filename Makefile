@@ -37,7 +37,7 @@ test-postgres: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/ruff check execgo runs approvals runtime tests bench
+	$(BIN)/ruff check execgo runs approvals runtime tests bench client
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_run_latency.py

@@ -44,7 +44,7 @@ UNTIL = {
     "needs_human": frozenset({RunState.AWAITING_HITL}),
     "any": FINAL | {RunState.AWAITING_HITL},
 }
-STREAM_BACKLOG = 5000
+STREAM_BACKLOG = 1000  # events read per page of a replay
 
 
 class _Refused(Exception):
@@ -126,7 +126,7 @@ class RunWaitConsumer(_ApiConsumer):
                 state = await _db(_state_of)(run_id)
                 reached = state in UNTIL[until]
                 remaining = deadline - time.monotonic()
-                if reached or remaining <= 0:
+                if reached or remaining <= 0 or state in FINAL:  # a final run reaches nothing more
                     break
                 try:
                     await asyncio.wait_for(events.get(), remaining)
@@ -145,6 +145,11 @@ def _backlog(run_id: int, after: int, upto: int) -> list[dict]:
     return list(Event.objects.filter(run_id=run_id, pk__gt=after, pk__lte=upto).order_by("pk")
                 .values("id", "type", "run_id", "task_id", "handle_id", "timestamp", "message", "data")
                 [:STREAM_BACKLOG])
+
+
+def _nothing_left(run_id: int, after: int) -> bool:
+    return (Run.objects.filter(pk=run_id, state__in=FINAL).exists()
+            and not Event.objects.filter(run_id=run_id, pk__gt=after).exists())
 
 
 def _sse(event: dict) -> str:
@@ -172,12 +177,16 @@ class RunStreamConsumer(_ApiConsumer):
                                                      (b"Cache-Control", b"no-store"), (b"X-Accel-Buffering", b"no")])
         with relay.subscription(run_id) as live:
             upto = relay.cursor
-            for event in await _db(_backlog)(run_id, last, upto):
-                payload = event_payload(event)
-                await self.send_body(_sse(payload).encode(), more_body=True)
-                if _ends(payload):
-                    return await self.send_body(b"")
+            while page := await _db(_backlog)(run_id, last, upto):
+                for event in page:
+                    payload = event_payload(event)
+                    await self.send_body(_sse(payload).encode(), more_body=True)
+                    if _ends(payload):
+                        return await self.send_body(b"")
+                last = page[-1]["id"]
             last = max(last, upto)
+            if await _db(_nothing_left)(run_id, last):
+                return await self.send_body(b"")  # final, and its last event is behind the client
             while True:
                 try:
                     event = await asyncio.wait_for(live.get(), KEEP_ALIVE_S)

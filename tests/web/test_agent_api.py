@@ -184,6 +184,7 @@ def test_an_sse_client_resumes_with_exactly_the_servers_events(live_web, celery_
     assert [event["id"] for event in first + rest] == list(
         Event.objects.filter(run_id=run_id).order_by("id").values_list("id", flat=True))
     assert rest[-1]["type"] == "run_state_changed" and rest[-1]["data"]["to"] == "SUCCEEDED"
+    assert read_sse(url, token, last_event_id=rest[-1]["id"]) == []  # nothing left: it closes at once
 
 
 # --- callbacks ------------------------------------------------------------------------
