@@ -296,6 +296,7 @@ def serve(tasks_dir, idle_s):
         listener.bind(path)
     finally:
         os.umask(old_umask)
+    bound = os.stat(path)
     listener.listen(128)
     if os.fork():
         os._exit(0)  # tells the starter we listen; the child keeps lock and socket
@@ -359,9 +360,13 @@ def serve(tasks_dir, idle_s):
                     created = "-"
                 conn.sendall(f"ok\t{pid}\t{created}\n".encode())  # the shim keeps conn and says "done" on it
     finally:
-        # Unlink before releasing the lock: a successor binds only under the lock.
+        # Unlink before releasing the lock: a successor binds only under the
+        # lock. And only our own socket: if the tasks directory was deleted and
+        # made anew meanwhile, this path is a successor's.
         try:
-            os.unlink(path)
+            current = os.stat(path)
+            if (current.st_dev, current.st_ino) == (bound.st_dev, bound.st_ino):
+                os.unlink(path)
         except FileNotFoundError:
             pass
         listener.close()

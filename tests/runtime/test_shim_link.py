@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 import psutil
 import pytest
@@ -167,3 +168,33 @@ def test_no_spare_without_a_server(tmp_path, settings):
 
     assert launcher.warm_shim(make_plan()) is None
     assert not (tmp_path / forkserver.SOCKET_NAME).exists()
+
+
+def test_a_server_of_a_deleted_tasks_directory_leaves_its_successor_alone(tmp_path):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    forkserver.start_server(sys.executable, str(tasks), 60)
+    first = forkserver.server_pid(str(tasks))
+    moved = tmp_path / "old-tasks"
+    tasks.rename(moved)  # its files go along; the path it bound is free again
+    tasks.mkdir()
+    forkserver.start_server(sys.executable, str(tasks), 60)
+    second = forkserver.server_pid(str(tasks))
+    try:
+        assert first and second and first != second
+        # The first one ends (as at its idle timeout): the path it bound is now the successor's socket.
+        assert forkserver.stop_server(str(moved))
+        deadline = time.monotonic() + 10
+        while _alive(first):
+            assert time.monotonic() < deadline, "the first server did not exit"
+            time.sleep(0.05)
+        assert forkserver.server_pid(str(tasks)) == second
+    finally:
+        forkserver.stop_server(str(tasks))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
