@@ -115,6 +115,17 @@ class ApprovalRequest(models.Model):
     def approvals_so_far(self) -> int:
         return sum(1 for decision in self.decisions.all() if decision.decision == DecisionKind.APPROVE)
 
+    def notify_requested(self) -> None:
+        """The ``approval.requested`` webhook, in the caller's transaction."""
+        if not webhook_configured(settings.EXECGO_APPROVAL_WEBHOOK_URL):
+            return
+        webhook_notify("approval.requested", {
+            "request": self.pk, "run": self.run_id, "tenant": self.tenant_id, "risk": self.risk,
+            "action_digest": self.action_digest, "approvals_required": self.approvals_required,
+            "expires_at": self.expires_at.isoformat(), "actions": [step["action"] for step in self.steps],
+            "url": f"/approvals/{self.pk}/",
+        }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=self.run_id, tenant_id=self.tenant_id)
+
     def notify_decided(self, *, decided_by=None, comment: str = "", reason: str = "") -> None:
         """The ``approval.decided`` webhook of this request, now in a final
         status: a delivery row in the caller's transaction, sent after it commits."""

@@ -8,7 +8,6 @@ the run moved on and stops (the transition's optimistic lock decides).
 
 import logging
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -123,13 +122,7 @@ def _request_approval(run: Run, decision: dict) -> None:
           to_state=S.AWAITING_HITL, data={"request": approval.pk, "approvals_required": approval.approvals_required,
                                           "expires_at": approval.expires_at.isoformat()})
     enqueue_approval_expiry(approval.pk, eta=approval.expires_at)
-    if webhook_configured(settings.EXECGO_APPROVAL_WEBHOOK_URL):
-        webhook_notify("approval.requested", {
-            "request": approval.pk, "run": run.pk, "tenant": run.tenant_id, "risk": approval.risk,
-            "action_digest": approval.action_digest, "approvals_required": approval.approvals_required,
-            "expires_at": approval.expires_at.isoformat(), "actions": [step["action"] for step in approval.steps],
-            "url": f"/approvals/{approval.pk}/",
-        }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=run.pk, tenant_id=run.tenant_id)
+    approval.notify_requested()
     if run.callback_url and "awaiting_human" in run.callback_events and webhook_configured(run.callback_url):
         webhook_notify("run.awaiting_human", {**run_callback_payload(run), "state": S.AWAITING_HITL,
                                               "approval": {"page": f"/approvals/{approval.pk}/",

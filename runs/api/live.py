@@ -25,7 +25,7 @@ from rest_framework.authtoken.models import Token
 from runs.api.serializers import RunSerializer
 from runs.errors import ErrorCode, error_envelope
 from runs.models import Event, EventType, Run
-from runs.selectors import runs_for_user
+from runs.selectors import LIVE_EVENT_FIELDS, runs_for_user
 from runs.statemachine import FINAL, RunState
 from runs.web.relay import event_payload, relay
 
@@ -143,7 +143,7 @@ def _state_of(run_id: int) -> str:
 
 def _backlog(run_id: int, after: int, upto: int) -> list[dict]:
     return list(Event.objects.filter(run_id=run_id, pk__gt=after, pk__lte=upto).order_by("pk")
-                .values("id", "type", "run_id", "task_id", "handle_id", "timestamp", "message", "data")
+                .values(*LIVE_EVENT_FIELDS)
                 [:STREAM_BACKLOG])
 
 

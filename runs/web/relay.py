@@ -33,7 +33,7 @@ from django.db import connection
 from psycopg.conninfo import make_conninfo
 
 from runs.models import Event, EventType
-from runs.selectors import LIVE_EVENT_FIELDS
+from runs.selectors import LIVE_EVENT_FIELDS, latest_event_id
 from runs.statemachine import RunState
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,6 @@ def groups_for(row: dict) -> list[str]:
 
 def rows_after(cursor: int, *, limit: int = BATCH) -> list[dict]:
     return list(Event.objects.filter(pk__gt=cursor).order_by("pk").values(*LIVE_EVENT_FIELDS, "run__tenant_id")[:limit])
-
-
-def latest_event_id() -> int:
-    return Event.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
 class OutboxRelay:
