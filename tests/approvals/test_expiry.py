@@ -2,6 +2,8 @@
 its run rejected at expires_at itself (the expiry is sent with eta), not at
 the next sweep, and nothing of the run ever ran."""
 
+import time
+
 import pytest
 from django.conf import settings
 
@@ -14,11 +16,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 RUNS = 50
 EXPIRY_S = 2
+SUBMIT_EVERY_S = 0.04
 
 
 def test_fifty_requests_expire_within_two_seconds_of_their_expiry(celery_worker, seeded_policy, tenant, agent):
-    run_ids = [run_submit(tenant=tenant, user=agent, plan=simple_plan(["echo", "pip", "install", "nothing"]),
-                          approval_timeout_s=EXPIRY_S).run.pk for _ in range(RUNS)]
+    run_ids = []
+    for _ in range(RUNS):
+        run_ids.append(run_submit(tenant=tenant, user=agent, plan=simple_plan(["echo", "pip", "install", "nothing"]),
+                                  approval_timeout_s=EXPIRY_S).run.pk)
+        # About the rate a 2-slot worker takes runs to AWAITING_HITL: a burst
+        # of 50 would still be in PREPARING when the first ones expire.
+        time.sleep(SUBMIT_EVERY_S)
 
     wait_until(lambda: Run.objects.filter(pk__in=run_ids, state="CLOSED_REJECTED").count() == RUNS, timeout=90,
                what=f"{RUNS} expired runs")
