@@ -256,9 +256,23 @@ EXECGO_PIDS_CAPACITY = env_int("EXECGO_PIDS_CAPACITY", 4096)
 EXECGO_SANDBOX_MODE = env_str("EXECGO_SANDBOX_MODE", "adaptive")  # strict | adaptive, when a step says neither
 if EXECGO_SANDBOX_MODE not in {"strict", "adaptive"}:
     raise ImproperlyConfigured(f"EXECGO_SANDBOX_MODE must be strict or adaptive, got {EXECGO_SANDBOX_MODE!r}")
-_sandbox_uid = env_str("EXECGO_SANDBOX_UID", "65534")
-# The uid untrusted commands run as when the worker is root ("none": never drop).
-EXECGO_SANDBOX_UID = None if _sandbox_uid.lower() == "none" else env_int("EXECGO_SANDBOX_UID", 65534)
+# A root worker runs every shell step as its own unprivileged uid, taken from
+# [EXECGO_SANDBOX_UID, EXECGO_SANDBOX_UID + EXECGO_SANDBOX_UID_COUNT) by the
+# step's id: steps cannot read each other's files, signal each other or share
+# a process limit ("none": never drop, and no step is contained by uid).
+_sandbox_uid = env_str("EXECGO_SANDBOX_UID", "1000000")
+EXECGO_SANDBOX_UID = None if _sandbox_uid.lower() == "none" else env_int("EXECGO_SANDBOX_UID", 1000000)
+EXECGO_SANDBOX_UID_COUNT = env_int("EXECGO_SANDBOX_UID_COUNT", 1000000)
+# Host paths a contained step does not see (an empty tmpfs over each, besides
+# the data and tasks directories): the host's sockets and services' state.
+EXECGO_SANDBOX_HIDDEN_PATHS = env_list(
+    "EXECGO_SANDBOX_HIDDEN_PATHS",
+    ["/run", "/var/run", "/dev/shm", "/root", "/home", "/var/lib/postgresql", "/var/lib/redis",
+     "/var/lib/rabbitmq", "/var/lib/mysql", "/var/log", "/var/tmp", "/var/spool", "/var/mail"],
+)
+# Network of a step that asks for "internet": a user-mode NAT that cannot
+# reach the host's loopback (slirp4netns); empty: slirp4netns on PATH.
+EXECGO_SLIRP4NETNS_PATH = env_str("EXECGO_SLIRP4NETNS_PATH", "")
 EXECGO_BWRAP_PATH = env_str("EXECGO_BWRAP_PATH", "")  # empty: bwrap on PATH
 EXECGO_UNSHARE_PATH = env_str("EXECGO_UNSHARE_PATH", "/usr/bin/unshare")
 EXECGO_SHIM_FORKSERVER = env_bool("EXECGO_SHIM_FORKSERVER", True)
@@ -276,16 +290,27 @@ EXECGO_SHIM_BACKSTOP_S = env_float("EXECGO_SHIM_BACKSTOP_S", 30.0)
 # A script step runs as [EXECGO_SHELL, "-c", script]; every shell step gets EXECGO_SHELL_PATH as PATH.
 EXECGO_SHELL = env_str("EXECGO_SHELL", "/bin/sh")
 EXECGO_SHELL_PATH = env_str("EXECGO_SHELL_PATH", "/usr/local/bin:/usr/bin:/bin")
-# Limits of every step that asks for none (a step's sandbox.limits override
-# them; unset: no limit). A root worker drops to EXECGO_SANDBOX_UID when a
-# processes limit applies, since the kernel does not apply RLIMIT_NPROC to root.
+# Limits of every step (a step's sandbox.limits override them, up to the
+# caps below; None: no limit). workspace_bytes sizes the step's workspace and
+# its /tmp (each a tmpfs of that size).
 EXECGO_DEFAULT_LIMITS = {
-    "cpu_seconds": env_int("EXECGO_LIMIT_CPU_SECONDS", None),
-    "address_space_bytes": env_int("EXECGO_LIMIT_ADDRESS_SPACE_BYTES", None),
-    "file_size_bytes": env_int("EXECGO_LIMIT_FILE_SIZE_BYTES", None),
+    "cpu_seconds": env_int("EXECGO_LIMIT_CPU_SECONDS", 600),
+    "address_space_bytes": env_int("EXECGO_LIMIT_ADDRESS_SPACE_BYTES", 8 * 1024**3),
+    "file_size_bytes": env_int("EXECGO_LIMIT_FILE_SIZE_BYTES", 1024**3),
     "open_files": env_int("EXECGO_LIMIT_OPEN_FILES", 1024),
-    "processes": env_int("EXECGO_LIMIT_PROCESSES", None),
+    "processes": env_int("EXECGO_LIMIT_PROCESSES", 256),
+    "workspace_bytes": env_int("EXECGO_LIMIT_WORKSPACE_BYTES", 1024**3),
     "log_cap_bytes": env_int("EXECGO_LIMIT_LOG_CAP_BYTES", 8 * 1024 * 1024),
+}
+# The most a step may ask for (None: no cap; a step may then also ask for no limit).
+EXECGO_LIMIT_CAPS = {
+    "cpu_seconds": env_int("EXECGO_LIMIT_CAP_CPU_SECONDS", 24 * 3600),
+    "address_space_bytes": env_int("EXECGO_LIMIT_CAP_ADDRESS_SPACE_BYTES", 64 * 1024**3),
+    "file_size_bytes": env_int("EXECGO_LIMIT_CAP_FILE_SIZE_BYTES", 16 * 1024**3),
+    "open_files": env_int("EXECGO_LIMIT_CAP_OPEN_FILES", 65536),
+    "processes": env_int("EXECGO_LIMIT_CAP_PROCESSES", 4096),
+    "workspace_bytes": env_int("EXECGO_LIMIT_CAP_WORKSPACE_BYTES", 16 * 1024**3),
+    "log_cap_bytes": env_int("EXECGO_LIMIT_CAP_LOG_CAP_BYTES", 1024**3),
 }
 EXECGO_SHELL_ENV_ALLOWLIST = env_list(
     "EXECGO_SHELL_ENV_ALLOWLIST", ["LANG", "LANGUAGE", "LC_*", "TZ", "TERM", "NO_COLOR", "STEP_*"]

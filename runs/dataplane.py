@@ -16,7 +16,7 @@ from runtime.capabilities import capability_manifest, host_name
 from runtime.envelopes import EnvelopeError, error_envelope, failed_result
 from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
-from runtime.plan_resolver import resolve_plan
+from runtime.plan_resolver import SANDBOX_KEYS, resolve_plan
 
 DEFAULT_QUEUE = "celery"
 SANDBOX_QUEUE = "execgo.linux_sandbox"
@@ -54,8 +54,8 @@ def resolve_step_plan(step: Step) -> dict:
     """The effective plan on this host; raises EnvelopeError when a strict
     request cannot be honoured here."""
     requested = step.requested_plan or {}
-    return resolve_plan({key: requested[key] for key in ("profile", "limits") if key in requested},
-                        mode=requested.get("mode"))
+    return resolve_plan({key: requested[key] for key in SANDBOX_KEYS if key in requested},
+                        mode=requested.get("mode"), uid_key=step.pk)
 
 
 def _reserve(host: str, handle_id: str, amounts: dict) -> bool:

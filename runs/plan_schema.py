@@ -12,7 +12,7 @@ from django.conf import settings
 
 from runs.errors import ErrorCode, ExecGoError
 from runtime.envelopes import EnvelopeError
-from runtime.plan_resolver import MODES, PROFILES, normalize_limits
+from runtime.plan_resolver import MODES, NETWORKS, PROFILES, normalize_limits
 from runtime.tools import validate_params
 
 KNOWN_TOOLS = ("shell", "http", "file")
@@ -35,12 +35,15 @@ def _validate_tool_params(step_id: str, tool: str, params: Any) -> None:
 
 def _validate_sandbox(step_id: str, sandbox: Any) -> dict:
     """Syntax only: whether a host can honour it is decided where the step runs."""
-    if not isinstance(sandbox, dict) or set(sandbox) - {"profile", "mode", "limits"}:
-        raise _invalid(f"step {step_id!r}: sandbox must be an object with profile, mode and limits", step=step_id)
-    if sandbox.get("profile", "process") not in PROFILES:
+    if not isinstance(sandbox, dict) or set(sandbox) - {"profile", "mode", "network", "limits"}:
+        raise _invalid(f"step {step_id!r}: sandbox must be an object with profile, mode, network and limits",
+                       step=step_id)
+    if sandbox.get("profile", "linux_sandbox") not in PROFILES:
         raise _invalid(f"step {step_id!r}: sandbox.profile must be one of {', '.join(PROFILES)}", step=step_id)
     if sandbox.get("mode", "adaptive") not in MODES:
         raise _invalid(f"step {step_id!r}: sandbox.mode must be one of {', '.join(MODES)}", step=step_id)
+    if sandbox.get("network", "none") not in NETWORKS:
+        raise _invalid(f"step {step_id!r}: sandbox.network must be one of {', '.join(NETWORKS)}", step=step_id)
     try:
         normalize_limits(sandbox.get("limits"))
     except EnvelopeError as exc:

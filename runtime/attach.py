@@ -64,7 +64,7 @@ def cancel(handle_id: str) -> None:
     directory = task_dir(handle_id)
     if not directory.exists():
         return
-    fd = os.open(directory / shim.CANCEL_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = os.open(directory / shim.CANCEL_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
     os.close(fd)
     info = _shim_info(directory)
     if info and _same_process(info) is not None:

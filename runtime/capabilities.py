@@ -26,7 +26,7 @@ import psutil
 from django.conf import settings
 
 from runtime.layout import shim_command
-from runtime.sandbox import bwrap_argv, bwrap_path
+from runtime.sandbox import bwrap_argv, bwrap_path, slirp4netns_path
 
 _lock = threading.Lock()
 _cached: dict[str, Any] | None = None
@@ -73,6 +73,9 @@ def probe_host() -> dict[str, Any]:
             "nproc_enforced": (not is_root) or drop_uid is not None,
         },
         "bubblewrap": _probe_bubblewrap(drop_uid),
+        # The process profile's own mount and network namespaces (root only).
+        "namespaces": shim.get("namespaces", {"mount": False, "net": False}),
+        "slirp4netns": _probe_slirp4netns(),
     }
 
 
@@ -160,6 +163,13 @@ def _probe_user_namespaces(drop_uid: int | None) -> dict[str, Any]:
     return result
 
 
+def _probe_slirp4netns() -> dict[str, Any]:
+    path = slirp4netns_path()
+    # Attaching a user-mode NAT to the sandbox's network namespace is not
+    # wired into the shim: "internet" falls back to the host network (rated high).
+    return {"available": False, "path": path, "error": "isolated outbound network not supported by this shim"}
+
+
 def _probe_bubblewrap(drop_uid: int | None) -> dict[str, Any]:
     path = bwrap_path()
     if not path:
@@ -171,7 +181,8 @@ def _probe_bubblewrap(drop_uid: int | None) -> dict[str, Any]:
         if drop_uid is not None:
             os.chown(workspace, drop_uid, drop_uid)
         argv = bwrap_argv(
-            bwrap=path, workspace=workspace, cwd=workspace, env={"PATH": "/usr/bin:/bin"}, uid=drop_uid, gid=drop_uid
+            bwrap=path, workspace=workspace, cwd=workspace, env={"PATH": "/usr/bin:/bin"}, uid=drop_uid, gid=drop_uid,
+            limits={"workspace_bytes": 1024 * 1024},
         )
         works, error = _run_probe([*argv, "true"], drop_uid)
     finally:

@@ -27,11 +27,13 @@ from runtime.layout import (
     LAUNCH_FILE,
     WORKSPACE_DIR,
     load_json,
+    secure_tasks_dir,
     shim_command,
     shim_python,
     task_dir,
     tasks_dir,
     write_json_atomic,
+    write_private,
 )
 from runtime.plan_resolver import resolve_plan
 from runtime.tools import shell as shell_tool
@@ -79,11 +81,17 @@ def prepare_request(handle_id: str, *, tool: str, params: dict, timeout_s: float
             "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
         )
     workspace = directory / WORKSPACE_DIR
-    workspace.mkdir(parents=True, exist_ok=True)
-    os.chmod(workspace, 0o755)
+    contained = plan.get("filesystem") == "workspace"
     owner = plan.get("uid")
     group = plan.get("gid") if plan.get("gid") is not None else owner
-    if owner is not None and os.geteuid() == 0:
+    # Only the worker (and the shim, as root) may enter the task directory's
+    # files; a contained step gets a fresh tmpfs mounted over workspace/,
+    # so the directory on disk stays the worker's.
+    secure_tasks_dir()
+    directory.mkdir(mode=0o711, exist_ok=True)
+    workspace.mkdir(mode=0o700, exist_ok=True)
+    chown = owner is not None and os.geteuid() == 0 and not contained
+    if chown:
         os.chown(workspace, owner, group)
     request: dict[str, Any] = {
         "version": 1,
@@ -99,12 +107,12 @@ def prepare_request(handle_id: str, *, tool: str, params: dict, timeout_s: float
     if tool == "shell":
         command = shell_tool.build_request(params, handle_id=handle_id, workspace=workspace, plan=plan)
         Path(command["cwd"]).mkdir(parents=True, exist_ok=True)
-        if owner is not None and os.geteuid() == 0:
+        if chown:
             for path in Path(command["cwd"]).relative_to(workspace).parents:
                 os.chown(workspace / path, owner, group)
             os.chown(command["cwd"], owner, group)
         if command["stdin"]:
-            (directory / shim.STDIN_FILE).write_text(params["stdin"])
+            write_private(directory / shim.STDIN_FILE, params["stdin"].encode())
         request.update(command)
         request.update(
             {
@@ -150,7 +158,7 @@ def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
                 2,
                 str(directory / shim.SHIM_ERR_FILE),
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o644,
+                0o600,
             ),
         ],
     )
@@ -216,7 +224,7 @@ def launch(handle_id: str, *, request: dict[str, Any] | None = None, spare: fork
     try:
         # One shim per handle, even when a redelivered task races the first
         # one: launch.json is the claim, filled in once the shim is started.
-        claim = os.open(directory / LAUNCH_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        claim = os.open(directory / LAUNCH_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise EnvelopeError.of(
             "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}

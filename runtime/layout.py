@@ -49,6 +49,49 @@ def shim_command(*args: str) -> list[str]:
     return [shim_python(), "-I", "-S", SHIM_PATH, *args]
 
 
+_secured: set[str] = set()
+
+
+def secure_tasks_dir() -> None:
+    """File modes that keep a step that is not in a mount namespace of its
+    own (the uncontained process profile) out of the data directory: the
+    data and tasks directories can be entered but not listed (0711), and
+    what sits directly in the data directory (the SQLite files, the broker
+    folder) is the worker's alone. Once per process and directory."""
+    key = str(tasks_dir())
+    if key in _secured:
+        return
+    data_dir = Path(settings.DATA_DIR)
+    tasks_dir().mkdir(parents=True, exist_ok=True)
+    for directory in {data_dir, tasks_dir()}:
+        _chmod(directory, 0o711)
+    for entry in data_dir.iterdir():
+        if entry.name in ("static",) or entry == tasks_dir():
+            continue  # collected static files are public
+        try:
+            mode = entry.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if not entry.is_symlink() and mode & 0o077:
+            _chmod(entry, mode & 0o700)
+    _secured.add(key)
+
+
+def _chmod(path: Path, mode: int) -> None:
+    try:
+        os.chmod(path, mode)
+    except PermissionError:  # not ours: the operator set it up
+        pass
+
+
+def write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def load_json(path: Path) -> dict[str, Any] | None:
     """The file's JSON, or None when it is missing or still being written."""
     try:
@@ -59,5 +102,5 @@ def load_json(path: Path) -> dict[str, Any] | None:
 
 def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
+    write_private(tmp, json.dumps(value).encode())
     os.replace(tmp, path)

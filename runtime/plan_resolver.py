@@ -1,32 +1,49 @@
 """Execution-plan resolver: a step's requested sandbox vs what the host can do.
 
 ``resolve_plan`` runs before anything executes. The requested sandbox is
-``{"profile": "process" | "linux_sandbox", "limits": {...}}``; the result is
-the *effective plan*, a JSON dict stored with the step and handed to the
-executor unchanged.
+``{"profile": "linux_sandbox" | "process", "network": "none" | "loopback" |
+"internet", "limits": {...}}``, every key optional; the result is the
+*effective plan*, a JSON dict stored with the step, handed to the executor
+unchanged and rated by the policy gate (what a step can reach sets its
+baseline risk).
+
+Contained by default: a step that names no profile gets the strongest this
+host supports (``linux_sandbox`` where bubblewrap works, else ``process``,
+the fallback recorded as a downgrade), no network, the default limits and,
+on a root worker, its own unprivileged uid.
 
 - ``strict`` refuses what cannot be honoured: ``denied`` when the host lacks
-  a mechanism (no working bubblewrap, rlimits not enforced, RLIMIT_NPROC for
-  a root worker that may not drop privileges), ``invalid_input`` for limits
-  that make no sense.
+  a mechanism, ``invalid_input`` for limits that make no sense or exceed the
+  caps (``EXECGO_LIMIT_CAPS``).
 - ``adaptive`` runs anyway with the closest weaker setting and lists every
-  such change in ``plan["downgrades"]`` (what, requested, effective, why).
-  Nonsense limits are refused in both modes.
+  such change in ``plan["downgrades"]`` (what, requested, effective, why);
+  the weaker plan is rated by what it can reach (network "host" or
+  filesystem "host" is high risk, so a human decides).
 
 Profiles:
-- ``process``: rlimits, own session and process group, the whole tree
-  killed on timeout/cancel (PID namespace when available, else a /proc scan).
-  Runs with the worker's uid, except that a root worker drops to the sandbox
-  uid when a ``processes`` limit is asked for (the kernel does not apply
-  RLIMIT_NPROC to root).
-- ``linux_sandbox``: the same, inside bubblewrap (see runtime/sandbox.py):
-  read-only host, private /tmp, workspace read-write, no network, no
-  capabilities, cleared environment, sandbox uid when the worker is root.
+- ``linux_sandbox``: bubblewrap (see runtime/sandbox.py): read-only host,
+  the data directory and the host's sockets hidden, the workspace and /tmp
+  sized tmpfs, every namespace unshared, no capabilities, cleared
+  environment.
+- ``process``: on a root worker that can create namespaces, the shim gives
+  the command a mount and network namespace of its own (the same hidden
+  paths and sized tmpfs, no network) before dropping to the step's uid;
+  otherwise the host's filesystem and network, contained only by file modes
+  and the uid (or not at all on a worker that is not root).
+
+Both: rlimits, own session and process group, the whole tree killed on
+timeout/cancel (PID namespace when available, else a /proc scan).
+
+Network: ``none`` and ``loopback`` give the step a namespace with nothing
+but its own loopback; ``internet`` adds a user-mode NAT (slirp4netns) with
+the host's loopback cut off; ``host`` (only ever a downgrade) is the
+worker's own network, database and broker included.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +54,8 @@ from runtime.envelopes import EnvelopeError
 
 PROFILES = ("process", "linux_sandbox")
 MODES = ("strict", "adaptive")
+NETWORKS = ("none", "loopback", "internet")
+SANDBOX_KEYS = {"profile", "network", "limits"}
 MIB = 1024 * 1024
 
 # name -> (smallest sensible value, largest accepted value)
@@ -48,6 +67,7 @@ LIMIT_BOUNDS: dict[str, tuple[int, int]] = {
     "file_size_bytes": (1, 1 << 50),
     "open_files": (16, 1 << 20),
     "processes": (1, 1 << 22),
+    "workspace_bytes": (1 * MIB, 1 << 50),
     "log_cap_bytes": (0, 1 << 40),
 }
 
@@ -74,8 +94,11 @@ def normalize_limits(requested: Any) -> dict[str, int | None]:
     if unknown:
         raise _invalid(f"unknown limits: {', '.join(unknown)}", unknown=unknown, known=sorted(LIMIT_BOUNDS))
     limits = default_limits()
+    caps = settings.EXECGO_LIMIT_CAPS
     for name, value in requested.items():
         if value is None:
+            if caps.get(name) is not None:
+                raise _invalid(f"limit {name} cannot be lifted: at most {caps[name]}", limit=name, cap=caps[name])
             limits[name] = None
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -87,8 +110,23 @@ def normalize_limits(requested: Any) -> dict[str, int | None]:
         low, high = LIMIT_BOUNDS[name]
         if not low <= value <= high:
             raise _invalid(f"limit {name}={value} is outside [{low}, {high}]", limit=name, value=value)
+        if caps.get(name) is not None and value > caps[name]:
+            raise _invalid(f"limit {name}={value} is above its cap {caps[name]}", limit=name, value=value,
+                           cap=caps[name])
         limits[name] = int(value)
     return limits
+
+
+def step_uid(key: int | None, manifest: Mapping[str, Any]) -> int | None:
+    """The uid a step runs as: its own, from the sandbox range, on a root
+    worker (None: the worker's uid). ``key`` (the step's id) spreads steps
+    over the range; without one a random uid is drawn."""
+    base = sandbox_uid() if (manifest.get("user") or {}).get("is_root") else None
+    if base is None:
+        return None
+    count = max(1, int(settings.EXECGO_SANDBOX_UID_COUNT))
+    offset = secrets.randbelow(count) if key is None else int(key) % count
+    return int(base) + offset
 
 
 def resolve_plan(
@@ -96,53 +134,75 @@ def resolve_plan(
     *,
     mode: str | None = None,
     manifest: Mapping[str, Any] | None = None,
+    uid_key: int | None = None,
 ) -> dict[str, Any]:
     requested = dict(requested or {})
-    unknown = sorted(set(requested) - {"profile", "limits"})
+    unknown = sorted(set(requested) - SANDBOX_KEYS)
     if unknown:
         raise _invalid(f"unknown sandbox fields: {', '.join(unknown)}", unknown=unknown)
     mode = mode or settings.EXECGO_SANDBOX_MODE
     if mode not in MODES:
         raise _invalid(f"mode must be one of {', '.join(MODES)}", mode=mode)
-    profile = requested.get("profile") or "process"
-    if profile not in PROFILES:
+    profile = requested.get("profile")
+    if profile is not None and profile not in PROFILES:
         raise _invalid(f"profile must be one of {', '.join(PROFILES)}", profile=profile)
+    network = requested.get("network") or "none"
+    if network not in NETWORKS:
+        raise _invalid(f"network must be one of {', '.join(NETWORKS)}", network=network)
     limits = normalize_limits(requested.get("limits"))
     manifest = manifest if manifest is not None else capability_manifest()
 
     downgrades: list[dict[str, Any]] = []
     notes: list[str] = []
 
-    def downgrade(what: str, wanted: Any, effective: Any, reason: str) -> None:
-        if mode == "strict":
+    def downgrade(what: str, wanted: Any, effective: Any, reason: str, *, allowed: bool = False) -> None:
+        if mode == "strict" and not allowed:
             raise _denied(f"cannot honour {what}={wanted!r}: {reason}", what=what, requested=wanted, reason=reason)
         downgrades.append({"what": what, "requested": wanted, "effective": effective, "reason": reason})
 
+    user = manifest.get("user") or {}
+    is_root = bool(user.get("is_root"))
+    uid = step_uid(uid_key, manifest)
     bubblewrap = manifest.get("bubblewrap") or {}
-    effective_profile = profile
-    if profile == "linux_sandbox" and not bubblewrap.get("available"):
-        reason = bubblewrap.get("error") or "bubblewrap is not available"
-        downgrade("profile", "linux_sandbox", "process", f"bubblewrap unusable on this host: {reason}")
+    namespaces = manifest.get("namespaces") or {}
+    # The shim's own namespaces need root (CAP_SYS_ADMIN) and the probe's word that they work.
+    own_namespaces = is_root and bool(namespaces.get("mount")) and bool(namespaces.get("net"))
+
+    effective_profile = profile or "linux_sandbox"
+    if effective_profile == "linux_sandbox" and not bubblewrap.get("available"):
+        reason = f"bubblewrap unusable on this host: {bubblewrap.get('error') or 'not available'}"
+        # The default is "the strongest there is": falling back is no refusal.
+        downgrade("profile", "linux_sandbox", "process", reason, allowed=profile is None)
         effective_profile = "process"
 
+    contained = effective_profile == "linux_sandbox" or own_namespaces
+    effective_network = network
+    if not contained:
+        downgrade("network", network, "host", "this host cannot give the step a network namespace "
+                  "(no bubblewrap, and the worker cannot create namespaces)")
+        effective_network = "host"
+    elif network == "internet" and not (manifest.get("slirp4netns") or {}).get("available"):
+        downgrade("network", "internet", "host", "slirp4netns is not available: no isolated outbound network")
+        effective_network = "host"
+    elif network == "internet" and effective_profile != "linux_sandbox":
+        downgrade("network", "internet", "host", "an isolated outbound network needs bubblewrap")
+        effective_network = "host"
+    if not contained and limits.get("workspace_bytes") is not None:
+        downgrade("limits.workspace_bytes", limits["workspace_bytes"], None,
+                  "no mount namespace to size the workspace in")
+        limits["workspace_bytes"] = None
+
     rlimits = manifest.get("rlimits") or {}
-    asked = {name: value for name, value in limits.items() if value is not None and name != "log_cap_bytes"}
+    asked = {name: value for name, value in limits.items()
+             if value is not None and name not in ("log_cap_bytes", "workspace_bytes")}
     if asked and not rlimits.get("enforced"):
         for name, value in sorted(asked.items()):
             downgrade(f"limits.{name}", value, None, "rlimits are not enforced on this host")
             limits[name] = None
 
-    user = manifest.get("user") or {}
-    is_root = bool(user.get("is_root"))
-    drop_to = user.get("sandbox_uid", sandbox_uid()) if is_root else None
-    uid = None
-    if is_root and effective_profile == "linux_sandbox" and drop_to is not None:
-        uid = drop_to
-    if is_root and limits["processes"] is not None:
-        if drop_to is not None:
-            uid = drop_to
-            notes.append(f"runs as uid {drop_to}: the kernel does not apply RLIMIT_NPROC to root")
-        else:
+    if is_root and uid is None:
+        notes.append("runs as root: EXECGO_SANDBOX_UID is none")
+        if limits["processes"] is not None:
             downgrade("limits.processes", limits["processes"], None, "RLIMIT_NPROC is not enforced for root")
             limits["processes"] = None
 
@@ -151,7 +211,6 @@ def resolve_plan(
     if not pid_namespace:
         notes.append("no PID namespace: descendants are tracked by /proc scan and environment marker")
 
-    sandboxed = effective_profile == "linux_sandbox"
     return {
         "profile": effective_profile,
         "requested_profile": profile,
@@ -160,8 +219,11 @@ def resolve_plan(
         "uid": uid,
         "gid": uid,
         "tree_kill": tree_kill,
-        "network": "none" if sandboxed else "host",
-        "filesystem": "read_only_host_workspace_rw" if sandboxed else "host",
+        "network": effective_network,
+        "requested_network": network,
+        "filesystem": "workspace" if contained else "host",
+        # The shim's own mount and network namespaces (the process profile on a root worker).
+        "namespaces": effective_profile == "process" and own_namespaces,
         "downgrades": downgrades,
         "notes": notes,
         "host": (manifest.get("host") or {}).get("name"),

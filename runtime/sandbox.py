@@ -1,35 +1,77 @@
-"""The ``linux_sandbox`` profile: the bubblewrap command line that wraps a step.
+"""What a contained step sees, and the bubblewrap command line that gives
+it that in the ``linux_sandbox`` profile.
 
-Read-only view of the host, a private /tmp, the data directory hidden
-under an empty tmpfs, the step's workspace bound read-write at the same
-path, every namespace unshared (so no network, not even the host's
-loopback), a new session (no TIOCSTI on the caller's
-terminal), no capabilities, a cleared environment, and death with the
-parent. The uid is dropped by the shim *before* bubblewrap runs, so the
-kernel sees the sandbox uid (RLIMIT_NPROC counts against it and root-owned
-files stay out of reach); ``--uid`` only keeps that id inside the sandbox's
-user namespace.
+Both containing profiles show a step the same host:
+
+- the data directory (every other step's logs, results and workspaces, the
+  SQLite file, the broker folder) and ``EXECGO_SANDBOX_HIDDEN_PATHS`` (the
+  host's sockets under /run, services' state) covered by an empty, read-only
+  tmpfs;
+- its own workspace, /tmp and /dev/shm as fresh tmpfs, the workspace and
+  /tmp sized by the ``workspace_bytes`` limit (a quota that needs no cgroups:
+  a write past it fails with ENOSPC);
+- a network namespace of its own unless the plan says ``host``.
+
+``linux_sandbox`` adds a read-only view of the rest of the host, a user
+namespace, a new session (no TIOCSTI on the caller's terminal), no
+capabilities, a cleared environment and death with the parent. The uid is
+dropped by the shim *before* bubblewrap runs, so the kernel sees the step's
+own uid (RLIMIT_NPROC counts against it and root-owned files stay out of
+reach); ``--uid`` only keeps that id inside the user namespace.
+
+The ``process`` profile gets the mounts from the shim itself (see
+``shim_process.isolate``), in a mount namespace of the command's own.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Mapping
+from typing import Any
 
 from django.conf import settings
+
+# Small and read-only: hidden paths hold nothing and take no writes.
+HIDDEN_TMPFS_BYTES = 64 * 1024
+SHM_BYTES = 64 * 1024 * 1024
 
 
 def bwrap_path() -> str | None:
     return settings.EXECGO_BWRAP_PATH or shutil.which("bwrap")
 
 
+def slirp4netns_path() -> str | None:
+    return settings.EXECGO_SLIRP4NETNS_PATH or shutil.which("slirp4netns")
+
+
 def hidden_paths() -> list[str]:
-    """Host paths a sandboxed step must not even read: the data directory
-    holds the embedded database and every other step's files (other
-    tenants' included), so it is covered by an empty tmpfs before the
-    step's own workspace is bound back in."""
-    paths = {str(settings.DATA_DIR), str(settings.EXECGO_TASKS_DIR)}
-    return sorted(paths)  # a parent before its children
+    """Host paths a contained step must not even read, parents first: the
+    data directory holds the embedded database, the broker folder and every
+    other step's files (other tenants' included); the rest are the host's
+    sockets and services' state. Symlinks are followed (``/var/run`` is
+    ``/run``) and paths this host does not have are skipped."""
+    paths = {os.path.realpath(settings.DATA_DIR), os.path.realpath(settings.EXECGO_TASKS_DIR)}
+    for path in settings.EXECGO_SANDBOX_HIDDEN_PATHS:
+        real = os.path.realpath(path)
+        if os.path.isdir(real):
+            paths.add(real)
+    # A path under another hidden one is already hidden.
+    ordered = sorted(paths)
+    return [p for p in ordered if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in ordered)]
+
+
+def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The mounts of a contained step, in order, for either profile: each
+    ``{"path", "kind": "hidden" | "scratch" | "workspace", "bytes"}``."""
+    quota = limits.get("workspace_bytes")
+    mounts: list[dict[str, Any]] = [{"path": p, "kind": "hidden", "bytes": HIDDEN_TMPFS_BYTES} for p in hidden_paths()]
+    mounts += [
+        {"path": "/tmp", "kind": "scratch", "bytes": quota},
+        {"path": "/dev/shm", "kind": "scratch", "bytes": min(quota or SHM_BYTES, SHM_BYTES)},
+        {"path": workspace, "kind": "workspace", "bytes": quota, "cwd": cwd},
+    ]
+    return mounts
 
 
 def bwrap_argv(
@@ -40,17 +82,34 @@ def bwrap_argv(
     env: Mapping[str, str],
     uid: int | None,
     gid: int | None,
+    limits: Mapping[str, Any] | None = None,
+    network: str = "none",
 ) -> list[str]:
     argv = [
         bwrap,
         "--ro-bind", "/", "/",
         "--dev", "/dev",
         "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        *[arg for path in hidden_paths() for arg in ("--tmpfs", path)],
-        "--bind", workspace, workspace,
+    ]  # fmt: skip
+    read_only = []
+    for mount in mount_plan(workspace=workspace, cwd=cwd, limits=limits or {}):
+        if mount["kind"] == "hidden":
+            # Read-only only once the workspace's parents are made in it.
+            argv += ["--perms", "0555", "--size", str(mount["bytes"]), "--tmpfs", mount["path"]]
+            read_only += ["--remount-ro", mount["path"]]
+            continue
+        perms = "1777" if mount["kind"] == "scratch" else "0700"
+        argv += ["--perms", perms]
+        if mount["bytes"]:
+            argv += ["--size", str(mount["bytes"])]
+        argv += ["--tmpfs", mount["path"]]
+        if mount["kind"] == "workspace" and mount["cwd"] != mount["path"]:
+            argv += ["--dir", mount["cwd"]]
+    argv += [
+        *read_only,
         "--chdir", cwd,
         "--unshare-all",
+        *(["--share-net"] if network == "host" else []),
         "--new-session",
         "--die-with-parent",
         "--cap-drop", "ALL",

@@ -324,7 +324,7 @@ class Supervisor:
         room = len(chunk) if self.log_cap is None else max(0, self.log_cap - written)
         if name not in self.logs:
             log_name = STDOUT_FILE if name == "stdout" else STDERR_FILE
-            self.logs[name] = os.open(self.path(log_name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.logs[name] = os.open(self.path(log_name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         if room:
             os.write(self.logs[name], chunk[:room])
         self.counts[name] = [written + min(room, len(chunk)), dropped + max(0, len(chunk) - room)]
@@ -357,7 +357,7 @@ class Supervisor:
                 continue
             message = parts[1].decode(errors="replace") if len(parts) > 1 else ""
             if self.progress_fd is None:
-                self.progress_fd = os.open(self.path(PROGRESS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self.progress_fd = os.open(self.path(PROGRESS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             record = {"percent": percent, "message": message[:1000], "at": time.time()}
             os.write(self.progress_fd, (proc.dumps(record) + "\n").encode())
 
@@ -426,7 +426,7 @@ def main(task_dir, *, forked=False, link=None):
     # A plain write, not write-then-rename: one file creation fewer per step;
     # readers treat a partial shim.json as absent and fall back to launch.json.
     info = {"pid": pid, "create_time": proc.process_create_time(pid), "started_at": time.time()}
-    fd = os.open(os.path.join(task_dir, SHIM_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(os.path.join(task_dir, SHIM_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.write(fd, proc.dumps(info).encode())
     os.close(fd)
     supervisor = None

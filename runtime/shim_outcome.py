@@ -37,7 +37,8 @@ def classify(*, reason, exec_error, exit_code, sig, rusage, limits, stderr_tail)
     killed by signal n as exit code 128+n; that is read back as the signal
     only for SIGXCPU/SIGXFSZ and only when the matching limit was set.
     RLIMIT_AS has no signal: an allocation fails and the program exits
-    non-zero (or aborts), so memory_limit is inferred from the stderr tail.
+    non-zero (or aborts), so memory_limit is inferred from the stderr tail;
+    so is workspace_limit (a write past the sized tmpfs fails with ENOSPC).
     """
     if reason:
         return reason, f"{reason} requested by the shim"
@@ -58,6 +59,8 @@ def classify(*, reason, exec_error, exit_code, sig, rusage, limits, stderr_tail)
         for marker in MEMORY_ERROR_MARKERS:
             if marker in tail:
                 return "memory_limit", f"stderr mentions {marker.decode()!r} under RLIMIT_AS"
+    if failed and limits.get("workspace_bytes") and b"no space left on device" in stderr_tail.lower():
+        return "workspace_limit", "stderr mentions 'No space left on device' under the workspace quota"
     if sig is not None:
         return "signaled", f"killed by {SIGNAL_NAMES.get(sig, sig)}"
     return "exited", f"exit code {exit_code}"

@@ -15,6 +15,11 @@ import resource
 import sys
 
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 16384, 1 << 18
+SIOCSIFFLAGS = 0x8914
+IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CPU_HARD_GRACE_S = 1
@@ -56,7 +61,7 @@ def dumps(value):
 def write_json_atomic(path, value):
     """Readers see the old file or the whole new one, never a partial write."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, dumps(value).encode())
     finally:
@@ -144,6 +149,66 @@ def fork_into_new_pid_namespace(own_namespace_fd):
     return pid, True
 
 
+def mount(source, target, fstype, flags, data):
+    libc = load_libc()
+    args = [None if v is None else v.encode() for v in (source, target, fstype)]
+    if libc.mount(args[0], args[1], args[2], flags, None if data is None else data.encode()) != 0:
+        err = _ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def loopback_up():
+    """Bring up ``lo`` of a new network namespace (it starts down)."""
+    import _socket  # C modules, imported before isolate() hides where they live (/root, /home)
+    import _struct
+    import fcntl
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, _struct.pack("16sh", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+    finally:
+        sock.close()
+
+
+def isolate(isolation, uid, gid, pidns):
+    """The process profile's containment, made by the command's child while
+    it is still root: a mount namespace with the data directory and the
+    host's sockets hidden and a sized tmpfs as workspace and /tmp, and a
+    network namespace with only its own loopback (see runtime/sandbox.py)."""
+    network = isolation.get("network") or "none"
+    import _socket  # noqa: F401  (loaded now: the mounts may hide the interpreter's lib-dynload)
+    import _struct  # noqa: F401
+    import fcntl  # noqa: F401
+
+    libc_call("unshare", CLONE_NEWNS | (0 if network == "host" else CLONE_NEWNET))
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)  # nothing we mount leaks back to the host
+    hidden = []
+    for item in isolation.get("mounts") or ():
+        path, kind, size = item["path"], item["kind"], item.get("bytes")
+        os.makedirs(path, exist_ok=True)  # inside a hidden tmpfs, for the workspace
+        options = {"hidden": "mode=0555", "scratch": "mode=1777"}.get(kind, "mode=0700")
+        if kind == "workspace" and uid is not None:
+            options += f",uid={int(uid)},gid={int(gid if gid is not None else uid)}"
+        if size:
+            options += f",size={int(size)}"
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        if kind == "hidden":
+            hidden.append((path, options))
+        elif kind == "workspace" and item.get("cwd") and item["cwd"] != path:
+            os.makedirs(item["cwd"], exist_ok=True)
+            if uid is not None:
+                relative = os.path.relpath(item["cwd"], path)
+                parts = relative.split(os.sep)
+                for depth in range(1, len(parts) + 1):
+                    os.chown(os.path.join(path, *parts[:depth]), int(uid), int(gid if gid is not None else uid))
+    for path, options in hidden:
+        mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, options)
+    if pidns:  # the step's own processes only, not the host's
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    if network != "host":
+        loopback_up()
+
+
 # --- the forked children -----------------------------------------------------
 
 
@@ -172,7 +237,7 @@ def spawnable(req, pidns):
     Credentials and CPU/file-size/process/memory limits need the fork; so
     does a shim outside a PID namespace (PR_SET_PDEATHSIG)."""
     limits = req.get("limits") or {}
-    if not pidns or req.get("uid") is not None:
+    if not pidns or req.get("uid") is not None or req.get("isolation"):
         return False
     if any(limits.get(key) for key in ("cpu_seconds", "file_size_bytes", "processes", "address_space_bytes")):
         return False
@@ -247,6 +312,9 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
         ):
             if limits.get(key):
                 resource.setrlimit(rlim, (int(limits[key]), int(limits[key])))
+        if req.get("isolation"):
+            stage = "isolate"
+            isolate(req["isolation"], req.get("uid"), req.get("gid"), pidns=not set_pdeathsig)
         if req.get("uid") is not None:
             stage = "setuid"
             os.setgroups([])
@@ -255,7 +323,8 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
         if set_pdeathsig:
             libc_call("prctl", PR_SET_PDEATHSIG, SIG.SIGKILL, 0, 0, 0)
         stage = "chdir"
-        os.chdir(req["cwd"])
+        # bubblewrap changes into the workspace itself, inside its mounts.
+        os.chdir("/" if req.get("sandbox_argv") else req["cwd"])
         argv = list(req.get("sandbox_argv") or []) + list(req["argv"])
         env = req.get("env") or {}
         if limits.get("address_space_bytes"):
@@ -339,6 +408,27 @@ def scan_descendants(root_pid, marker):
     return found
 
 
+def _probe_namespaces():
+    """Can a child of ours get a mount and a network namespace, a tmpfs and
+    a loopback in them (what the process profile's ``isolate`` does)?"""
+    report = {}
+    for name, flags in (("mount", CLONE_NEWNS), ("net", CLONE_NEWNET)):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                libc_call("unshare", flags)
+                if flags == CLONE_NEWNS:
+                    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+                    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,mode=0700")
+                else:
+                    loopback_up()
+                os._exit(0)
+            except BaseException:
+                os._exit(7)
+        report[name] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    return report
+
+
 def probe():
     """Check, in this interpreter, the mechanisms the shim relies on; print JSON."""
     report = {"euid": os.geteuid()}
@@ -380,5 +470,6 @@ def probe():
             os._exit(6)
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     report["rlimits"] = {"enforced": code == 0, "exit_code": code}
+    report["namespaces"] = _probe_namespaces() if report["libc"] else {"mount": False, "net": False}
     sys.stdout.write(dumps(report) + "\n")
     return 0

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from runtime import shim
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
-from runtime.sandbox import bwrap_argv, bwrap_path
+from runtime.sandbox import bwrap_argv, bwrap_path, mount_plan
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -32,6 +32,7 @@ LIMIT_TERMINATIONS = {
     "cpu_limit": "the command exceeded its CPU time limit",
     "memory_limit": "the command ran out of its address-space limit",
     "file_size_limit": "the command exceeded its file size limit",
+    "workspace_limit": "the command filled its workspace quota",
 }
 
 
@@ -96,19 +97,29 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
             dropped.append(name)
     env[shim.MARKER_ENV] = handle_id
     sandbox: list[str] = []
+    isolation = None
+    limits = plan.get("limits") or {}
     if plan.get("profile") == "linux_sandbox":
         bwrap = bwrap_path()
         if not bwrap:
             raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
         sandbox = bwrap_argv(
-            bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid")
+            bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
+            limits=limits, network=plan.get("network") or "none",
         )
+    elif plan.get("namespaces"):
+        # The shim makes these mounts itself, in the command's own mount namespace.
+        isolation = {
+            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits),
+            "network": plan.get("network") or "none",
+        }
     return {
         "argv": argv,
         "cwd": str(cwd),
         "env": env,
         "env_dropped": sorted(dropped),
         "sandbox_argv": sandbox,
+        "isolation": isolation,
         "stdin": "stdin" in params,
     }
 

@@ -63,11 +63,33 @@ def needs_pid_namespace():
     return pytest.mark.skipif(not available, reason="the capability probe says PID namespaces are unusable here")
 
 
-def make_plan(profile: str = "process", limits: dict | None = None, *, tree_kill: str | None = None) -> dict:
-    plan = resolve_plan({"profile": profile, "limits": limits or {}}, mode="strict")
+def make_plan(profile: str = "process", limits: dict | None = None, *, tree_kill: str | None = None,
+              network: str | None = None) -> dict:
+    plan = resolve_plan({"profile": profile, "limits": limits or {}}, mode=PLAN_MODE["mode"])
     if tree_kill is not None:
         plan["tree_kill"] = tree_kill
+    if network is not None:  # "host": what an adaptive downgrade gives; for tests that must reach the host
+        plan["network"] = network
     return plan
+
+
+PLAN_MODE = {"mode": "strict"}
+NO_LIMITS = {"cpu_seconds": None, "address_space_bytes": None, "file_size_bytes": None, "open_files": 1024,
+             "processes": None, "workspace_bytes": None, "log_cap_bytes": 8 * MIB}
+
+
+@pytest.fixture
+def uncontained(settings, monkeypatch):
+    """The process profile as a worker that cannot contain gets it: the
+    worker's uid, the host's mounts and network, no default limits; for
+    tests of the shim's mechanics (the posix_spawn path, host paths)."""
+    settings.EXECGO_SANDBOX_UID = None
+    settings.EXECGO_DEFAULT_LIMITS = dict(NO_LIMITS)
+    settings.EXECGO_LIMIT_CAPS = dict.fromkeys(NO_LIMITS)
+    real = capability_manifest()
+    monkeypatch.setattr("runtime.plan_resolver.capability_manifest",
+                        lambda: {**real, "namespaces": {"mount": False, "net": False}})
+    monkeypatch.setitem(PLAN_MODE, "mode", "adaptive")  # it downgrades to the host's network
 
 
 @pytest.fixture
@@ -82,6 +104,7 @@ def run_shell(handle) -> Callable[..., dict]:
         limits: dict | None = None,
         tree_kill: str | None = None,
         handle_id: str | None = None,
+        network: str | None = None,
         **kwargs: Any,
     ) -> dict:
         return executor.execute(
@@ -90,7 +113,7 @@ def run_shell(handle) -> Callable[..., dict]:
             params=params,
             timeout_s=timeout_s,
             attempt=1,
-            plan=make_plan(profile, limits, tree_kill=tree_kill),
+            plan=make_plan(profile, limits, tree_kill=tree_kill, network=network),
             **kwargs,
         )
 

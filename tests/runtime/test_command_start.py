@@ -29,9 +29,9 @@ def signal_mask(line: str) -> set[int]:
     ({"open_files": 256}, "posix_spawn"),
     ({"open_files": 256, "cpu_seconds": 60}, "fork"),
     ({"open_files": 256, "file_size_bytes": 10**9}, "fork"),
-    ({"open_files": 256, "processes": 4096}, "fork"),
+    ({"open_files": 256, "address_space_bytes": 1 << 33}, "fork"),
 ])
-def test_the_command_starts_in_the_same_state_either_way(run_shell, limits, started_by):
+def test_the_command_starts_in_the_same_state_either_way(run_shell, limits, started_by, uncontained):
     result = run_shell({"script": PROBE, "cwd": "sub/dir"}, limits=limits)
 
     assert result["status"] == "success", result
@@ -52,7 +52,7 @@ def test_the_command_starts_in_the_same_state_either_way(run_shell, limits, star
     (["/tmp"], "denied"),  # there, but not executable
     (["./no/such/path"], "not_found"),
 ])
-def test_a_command_that_cannot_start_is_reported_alike(run_shell, limits, argv, code):
+def test_a_command_that_cannot_start_is_reported_alike(run_shell, limits, argv, code, uncontained):
     result = run_shell({"argv": argv}, limits=limits)
 
     assert result["status"] == "failed"
@@ -62,12 +62,12 @@ def test_a_command_that_cannot_start_is_reported_alike(run_shell, limits, argv, 
 
 
 @needs_pid_namespace()
-def test_a_missing_working_directory_is_a_chdir_failure_on_the_spawn_path(run_shell, handle):
+def test_a_missing_working_directory_is_a_chdir_failure_on_the_spawn_path(run_shell, handle, uncontained):
     from runtime import attach, launcher
 
     # prepare() creates the cwd; take it away again before the shim starts.
     directory = launcher.prepare(handle, tool="shell", params={"argv": ["true"], "cwd": "gone"}, timeout_s=30,
-                                 attempt=1, plan={})
+                                 attempt=1, plan={"profile": "process"})
     (directory / "workspace" / "gone").rmdir()
     launcher.launch(handle)
     result = attach.wait(handle)

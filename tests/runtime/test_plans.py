@@ -13,7 +13,14 @@ ROOT_HOST = {
     "pid_namespace": {"available": True},
     "rlimits": {"enforced": True, "nproc_enforced": True},
     "bubblewrap": {"available": True, "path": "/usr/bin/bwrap"},
+    "namespaces": {"mount": True, "net": True},
 }
+
+
+@pytest.fixture(autouse=True)
+def sandbox_uids(settings):
+    settings.EXECGO_SANDBOX_UID = 1_000_000
+    settings.EXECGO_SANDBOX_UID_COUNT = 1000
 
 
 def host(**changes):
@@ -23,31 +30,67 @@ def host(**changes):
     return manifest
 
 
-def test_default_plan_is_process_with_defaults():
-    plan = resolve_plan(None, mode="strict", manifest=host())
-    assert plan["profile"] == "process"
+def test_default_plan_is_the_strongest_profile_with_defaults():
+    plan = resolve_plan(None, mode="strict", manifest=host(), uid_key=7)
+    assert plan["profile"] == "linux_sandbox"
+    assert plan["requested_profile"] is None
+    assert (plan["network"], plan["filesystem"]) == ("none", "workspace")
     assert plan["limits"]["open_files"] == 1024
-    assert plan["limits"]["cpu_seconds"] is None
-    assert plan["uid"] is None
+    assert plan["limits"]["processes"] == 256
+    assert plan["limits"]["workspace_bytes"] == 1024**3
+    assert plan["uid"] == 1_000_007
     assert plan["tree_kill"] == "pid_namespace"
     assert plan["downgrades"] == []
 
 
-def test_linux_sandbox_as_root_drops_to_the_sandbox_uid():
-    plan = resolve_plan({"profile": "linux_sandbox"}, mode="strict", manifest=host())
-    assert plan["profile"] == "linux_sandbox"
-    assert (plan["uid"], plan["gid"]) == (65534, 65534)
-    assert plan["network"] == "none"
+def test_without_bubblewrap_the_default_falls_back_even_in_strict_mode_and_says_so():
+    manifest = host(bubblewrap={"available": False, "error": "bwrap not installed"})
+    plan = resolve_plan(None, mode="strict", manifest=manifest, uid_key=7)
+    assert (plan["profile"], plan["namespaces"], plan["network"], plan["filesystem"]) == (
+        "process", True, "none", "workspace")
+    assert plan["downgrades"][0]["what"] == "profile"
+    assert "bwrap not installed" in plan["downgrades"][0]["reason"]
 
 
-def test_processes_limit_as_root_drops_privileges():
-    plan = resolve_plan({"limits": {"processes": 50}}, mode="strict", manifest=host())
-    assert plan["uid"] == 65534
-    assert plan["limits"]["processes"] == 50
+def test_a_host_that_cannot_contain_refuses_in_strict_and_reaches_the_host_in_adaptive():
+    manifest = host(bubblewrap={"available": False, "error": "none"}, namespaces={"mount": False, "net": False})
+    with pytest.raises(EnvelopeError) as refused:
+        resolve_plan(None, mode="strict", manifest=manifest)
+    assert refused.value.code == "denied"
+    assert "network" in refused.value.envelope["message"]
+    plan = resolve_plan(None, mode="adaptive", manifest=manifest)
+    assert (plan["network"], plan["filesystem"]) == ("host", "host")
+    assert {d["what"] for d in plan["downgrades"]} == {"profile", "network", "limits.workspace_bytes"}
 
 
-def test_processes_limit_as_root_without_uid_drop():
-    no_drop = host(user={"euid": 0, "is_root": True, "sandbox_uid": None})
+def test_each_step_gets_its_own_uid_from_the_range():
+    uids = {resolve_plan(None, manifest=host(), uid_key=key)["uid"] for key in range(5)}
+    assert uids == {1_000_000, 1_000_001, 1_000_002, 1_000_003, 1_000_004}
+    assert resolve_plan(None, manifest=host(), uid_key=1007)["uid"] == 1_000_007
+    drawn = resolve_plan(None, manifest=host())["uid"]
+    assert 1_000_000 <= drawn < 1_001_000
+
+
+def test_internet_without_an_isolated_nat_is_the_host_network_recorded():
+    plan = resolve_plan({"network": "internet"}, mode="adaptive", manifest=host())
+    assert plan["network"] == "host"
+    assert plan["requested_network"] == "internet"
+    assert plan["downgrades"][0]["what"] == "network"
+    with pytest.raises(EnvelopeError):
+        resolve_plan({"network": "internet"}, mode="strict", manifest=host())
+
+
+@pytest.mark.parametrize("requested", [{"limits": {"processes": 5000}}, {"limits": {"processes": None}},
+                                       {"network": "everywhere"}])
+def test_limits_above_their_cap_or_lifted_and_unknown_networks_are_invalid(requested):
+    with pytest.raises(EnvelopeError) as refused:
+        resolve_plan(requested, mode="adaptive", manifest=host())
+    assert refused.value.code == "invalid_input"
+
+
+def test_processes_limit_as_root_without_uid_drop(settings):
+    no_drop = host()
+    settings.EXECGO_SANDBOX_UID = None
     with pytest.raises(EnvelopeError) as refused:
         resolve_plan({"limits": {"processes": 50}}, mode="strict", manifest=no_drop)
     assert refused.value.code == "denied"
@@ -73,7 +116,9 @@ def test_unenforced_rlimits():
     assert refused.value.code == "denied"
     plan = resolve_plan({"limits": {"cpu_seconds": 3}}, mode="adaptive", manifest=manifest)
     assert plan["limits"]["cpu_seconds"] is None
-    assert {d["what"] for d in plan["downgrades"]} == {"limits.cpu_seconds", "limits.open_files"}
+    assert {d["what"] for d in plan["downgrades"]} == {
+        "limits.cpu_seconds", "limits.open_files", "limits.address_space_bytes", "limits.file_size_bytes",
+        "limits.processes"}
 
 
 def test_no_pid_namespace_means_process_scan():
