@@ -7,7 +7,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 REDIS_BROKER ?= redis://127.0.0.1:6379/14
 REDIS_LAYER ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test test-sqlite test-postgres lint bench migrate clean
+.PHONY: run test test-sqlite test-postgres lint bench migrate clean sandbox
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
+## bubblewrap contains shell steps best; installed here where that is possible (apt as root).
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null 2>&1; } || \
+	  echo "bubblewrap is not installed: shell steps run in the weaker process profile (install the bubblewrap package to fix)"
+
 ## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker).
-run: migrate
+run: sandbox migrate
 	$(BIN)/python manage.py execgo_bootstrap
 	$(BIN)/honcho start
 

@@ -1,6 +1,10 @@
 """Per-step overhead of the shim: launch + wait of `true` vs a bare posix_spawn of `true`.
 
-Run: .venv/bin/python bench/bench_shim.py [iterations]
+Run: .venv/bin/python bench/bench_shim.py [iterations] [profile]
+
+The step runs with the plan a step that names no sandbox gets (the
+default: contained), or with the named profile (``process``,
+``linux_sandbox``).
 
 Prints median and p95 wall time per step for
   - bare:        os.posix_spawn("/bin/true") + waitpid
@@ -76,8 +80,9 @@ def bench_shim(n, plan, *, use_forkserver, use_spare=False):
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    plan = resolve_plan({"profile": "process"})
-    print(f"iterations={n} tree_kill={plan['tree_kill']} python={layout.shim_python()}")
+    plan = resolve_plan({"profile": sys.argv[2]} if len(sys.argv) > 2 else {})
+    print(f"iterations={n} profile={plan['profile']} network={plan.get('network')} uid={plan.get('uid')} "
+          f"tree_kill={plan['tree_kill']} python={layout.shim_python()}")
     bench_shim(10, plan, use_forkserver=True)  # warm up: start the fork server, fill caches
     bare_med, bare_p95 = summary(bench_bare(n))
     print(f"{'bare posix_spawn true':<28} median {bare_med:6.2f} ms   p95 {bare_p95:6.2f} ms")

@@ -65,7 +65,13 @@ def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any]) -> list[d
     """The mounts of a contained step, in order, for either profile: each
     ``{"path", "kind": "hidden" | "scratch" | "workspace", "bytes"}``."""
     quota = limits.get("workspace_bytes")
-    mounts: list[dict[str, Any]] = [{"path": p, "kind": "hidden", "bytes": HIDDEN_TMPFS_BYTES} for p in hidden_paths()]
+    scratch = ("/tmp", "/dev/shm")
+    # A path under a scratch directory is hidden by its fresh tmpfs already
+    # (a data directory under /tmp, say).
+    mounts: list[dict[str, Any]] = [
+        {"path": p, "kind": "hidden", "bytes": HIDDEN_TMPFS_BYTES}
+        for p in hidden_paths() if not any(p == s or p.startswith(s + "/") for s in scratch)
+    ]
     mounts += [
         {"path": "/tmp", "kind": "scratch", "bytes": quota},
         {"path": "/dev/shm", "kind": "scratch", "bytes": min(quota or SHM_BYTES, SHM_BYTES)},

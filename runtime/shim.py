@@ -373,6 +373,8 @@ class Supervisor:
                 exit_code = os.WEXITSTATUS(status)
             elif os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
+        if self.exec_error is None and exit_code == 1 and self.req.get("sandbox_argv"):
+            self.exec_error = _bwrap_exec_error(self.err_tail)
         termination, evidence = classify(
             reason=self.reason,
             exec_error=self.exec_error,
@@ -404,6 +406,21 @@ class Supervisor:
             "notes": self.notes,
             "shim_error": None,
         }
+
+
+# bubblewrap reports a command it cannot start as "bwrap: execvp <file>: <strerror>", exit code 1.
+BWRAP_EXEC_ERRORS = {b"No such file or directory": 2, b"Permission denied": 13, b"Not a directory": 20}
+
+
+def _bwrap_exec_error(stderr_tail):
+    for line in stderr_tail.splitlines():
+        if line.startswith(b"bwrap: execvp "):
+            message = line[len(b"bwrap: execvp "):].decode(errors="replace")
+            for text, code in BWRAP_EXEC_ERRORS.items():
+                if line.endswith(b": " + text):
+                    return {"errno": code, "stage": "exec", "message": message}
+            return {"errno": 0, "stage": "exec", "message": message}
+    return None
 
 
 # --- entry points -------------------------------------------------------------------

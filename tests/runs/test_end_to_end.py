@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from runs.dataplane import can_sandbox
 from runs.models import AuditLog, Job, Run
 from tests.conftest import wait_for_run
 
@@ -36,7 +37,8 @@ def test_three_step_plan_reaches_succeeded(api, celery_worker):
     assert set(count) >= {"handle_id", "started_at", "finished_at", "duration_ms", "attempt", "details"}
     step = body["steps"][1]
     assert step["requested_plan"] == {}
-    assert step["effective_plan"]["profile"] == "process"
+    assert step["effective_plan"]["profile"] == ("linux_sandbox" if can_sandbox() else "process")
+    assert step["effective_plan"]["network"] == "none"
     assert step["host"] and step["progress"] == 100
 
     job = api.get(f"/api/v1/jobs/{run.job_id}").json()

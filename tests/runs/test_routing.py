@@ -105,14 +105,16 @@ def test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap(api):
         for index, run_id in enumerate(submitted["anywhere"]):
             step = steps[run_id]
             assert (runs[run_id].state, step.status) == ("SUCCEEDED", "success"), (run_id, step.result)
-            assert step.effective_plan["profile"] == "process"
+            # Contained by default: the strongest profile of the host that ran it.
+            assert step.effective_plan["profile"] == ("linux_sandbox" if step.host == BOXED else "process")
+            assert step.effective_plan["network"] == "none"
             assert step.effective_plan["host"] == step.host
             assert step.result["output"]["stdout"] == f"anywhere-{index}\n"
             hosts.add(step.host)
         # plain-host took work: that it never ran a sandbox step is routing.
         assert PLAIN in hosts and hosts <= {PLAIN, BOXED}, hosts
 
-        # Writing outside the workspace: the sandbox refuses, the default profile does not.
+        # Writing outside the workspace: refused in the sandbox and in the default profile alike.
         step = steps[escape_sandboxed]
         assert (runs[escape_sandboxed].state, step.status, step.host) == ("CLOSED_FAILED", "failed", BOXED)
         assert step.effective_plan["profile"] == "linux_sandbox"
@@ -120,8 +122,9 @@ def test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap(api):
         assert step.result["output"]["exit_code"] != 0
         assert not (outside / "from-sandbox").exists()
         step = steps[escape_process]
-        assert (runs[escape_process].state, step.status) == ("SUCCEEDED", "success"), step.result
-        assert (outside / "from-process").read_text() == "escaped\n"
+        assert (runs[escape_process].state, step.status) == ("CLOSED_FAILED", "failed"), step.result
+        assert step.effective_plan["filesystem"] == "workspace"
+        assert not (outside / "from-process").exists()
 
         for host in (PLAIN, BOXED):
             ledger = HostCapacity.objects.get(host=host)

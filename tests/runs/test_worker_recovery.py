@@ -24,13 +24,14 @@ import os
 import signal
 from contextlib import contextmanager
 
+import psutil
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 
 from runs.dataplane import host_queue
 from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus
-from runtime import attach, forkserver, layout
+from runtime import attach, forkserver, layout, shim
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import WorkerProcess, log_tails, purge_broker, stop_workers, wait_for_run, wait_until
 
@@ -65,15 +66,30 @@ def worker_logs_on_failure(*workers: WorkerProcess):
 
 
 def script(index: int, group: str, gates) -> str:
+    # The gates appear in the step's own workspace (see open_gate).
     return (f'echo "::progress 10 waiting"; '
-            f"while [ ! -e {gates}/{group}-1 ]; do sleep 0.2; done; "
+            f"while [ ! -e {group}-1 ]; do sleep 0.2; done; "
             f'echo "::progress 50 halfway"; '
-            f"while [ ! -e {gates}/{group}-2 ]; do sleep 0.2; done; "
+            f"while [ ! -e {group}-2 ]; do sleep 0.2; done; "
             f"echo done-{index}")
 
 
 def open_gate(gates, name: str) -> None:
+    """Create the gate file in every running step's workspace. A contained
+    step sees only its own workspace (a tmpfs in its mount namespace), which
+    the test, as root, reaches through /proc/<pid>/root of its processes."""
     (gates / name).touch()
+    for process in psutil.process_iter():
+        try:
+            handle_id = process.environ().get(shim.MARKER_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if not handle_id:
+            continue
+        try:
+            open(f"/proc/{process.pid}/root{layout.task_dir(handle_id)}/workspace/{name}", "a").close()
+        except OSError:
+            pass
 
 
 def progressed(step: Step, message: str) -> bool:
