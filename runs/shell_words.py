@@ -176,8 +176,11 @@ def _script(script: str, ctx: _Context) -> None:
                                         f"{str(exc)[:120]})")
         _fallback(script, ctx)
         return
-    for tree in trees:
-        _node(tree, script, ctx)
+    try:
+        for tree in trees:
+            _node(tree, script, ctx)
+    except RecursionError:
+        ctx.parsed.signal(UNRESOLVABLE, "the script nests deeper than the policy follows")
 
 
 def _node(node, script: str, ctx: _Context, *, piped: bool = False) -> list[str]:
