@@ -80,12 +80,17 @@ WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
     "chroot": (frozenset({"--userspec", "--groups"}), 1),
     "runuser": (frozenset({"-u", "--user", "-g", "--group", "-G"}), 0),
     "catchsegv": (frozenset(), 0),
+    # the dynamic loader runs any binary given to it: /lib64/ld-linux-x86-64.so.2 /usr/bin/sudo
+    "ld.so": (frozenset({"--library-path", "--preload", "--argv0", "--audit", "--inhibit-rpath"}), 0),
 }
 # commands that run their arguments as a script (sh -c "$*")
 SCRIPT_RUNNERS = frozenset({"eval", "watch"})
 SOURCE_COMMANDS = frozenset({"source", "."})
-# eval/exec/source hide what runs from a reader of the text
-OPAQUE_COMMANDS = frozenset({"eval", "exec", "source", "."})
+# eval/exec/source/alias hide what runs from a reader of the text
+OPAQUE_COMMANDS = frozenset({"eval", "exec", "source", ".", "alias"})
+# commands that run the value of their -c option as a shell command line
+DASH_C_RUNNERS = frozenset({"script", "flock", "su", "runuser", "sg"})
+LOADER_RE = re.compile(r"^ld(?:-linux[\w.-]*|-musl[\w.-]*)?\.so(?:\.\d+)*$")
 FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 ASSIGNMENT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 PARAMETER_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -318,11 +323,22 @@ def _command(words: list[_Word], redirects: list[tuple[str, str]], ctx: _Context
         return ran
     inner = _Context(ctx.parsed, ctx.env, ctx.depth + 1, ctx.stdin_text)
     args = words[1:]
-    key = name.lower()
+    key = "ld.so" if LOADER_RE.match(name) else name.lower()
     if key in OPAQUE_COMMANDS:
         ctx.parsed.signal(UNRESOLVABLE, f"{name} hides what runs from the policy")
     if key in SOURCE_COMMANDS:
         return ran
+    if key == "alias":
+        # dash expands aliases in scripts too: `alias x=sudo; x id` runs sudo
+        for word in args:
+            match = ASSIGNMENT_RE.match(word.value)
+            if match:
+                _script(match.group(2), inner)
+        return ran
+    if key in DASH_C_RUNNERS:
+        for index, word in enumerate(args[:-1]):
+            if word.value == "--command" or re.fullmatch(r"-[A-Za-z]*c", word.value):
+                _script(args[index + 1].value, inner)
     if key in SCRIPT_RUNNERS:
         script_args = _skip_options(args, frozenset({"-n", "--interval"})) if key == "watch" else args
         if any(word.expanded for word in script_args):
@@ -331,6 +347,10 @@ def _command(words: list[_Word], redirects: list[tuple[str, str]], ctx: _Context
         return ran
     if key in WRAPPERS:
         rest = _unwrap(key, args, inner)
+        if key == "xargs" and rest:
+            fed = os.path.basename(rest[0].value)
+            if fed in WRAPPERS or fed in SHELLS or fed in SCRIPT_RUNNERS or INTERPRETER_RE.match(fed):
+                ctx.parsed.signal(UNRESOLVABLE, f"xargs feeds its input to {fed}: what runs comes from the input")
         if rest:
             ran.extend(_command(rest, [], inner, piped=piped, from_script=from_script))
         return ran
@@ -417,10 +437,14 @@ def _shell(name: str, args: list[_Word], redirects: list[tuple[str, str]], ctx: 
             skip = True
             continue
         if value.startswith("-") and len(value) > 1 and not value.startswith("--") and "c" in value[1:]:
-            if index + 1 >= len(args):
+            rest = args[index + 1:]
+            if rest and rest[0].value == "--":
+                rest = rest[1:]
+            if not rest:
+                ctx.parsed.signal(UNRESOLVABLE, f"{name} -c without its command line here: it comes from elsewhere")
                 return
-            script = args[index + 1]
-            if script.expanded:
+            script = rest[0]
+            if script.expanded or "{}" in script.value:
                 ctx.parsed.signal(UNRESOLVABLE, f"{name} -c runs text the policy cannot see ({script.raw[:80]})")
             _script(script.value, ctx)
             return

@@ -110,6 +110,17 @@ CORPUS = [
     ("""python3 -c "import urllib.request as u; u.urlopen('https://api.example.com', data=b'1')\"""",
      "shell-inline-http-write"),
     ("""node -e "fetch('https://api.example.com', {method: 'POST'})\"""", "shell-inline-http-write"),
+    # --- found while trying to get past the parser -------------------------------------------------
+    ("alias x=sudo\nx id", "shell-sudo"),
+    ("alias x=sudo\nx id", "unresolvable: alias hides what runs from the policy"),
+    ("echo 'sudo id' | xargs sh -c", "unresolvable: xargs feeds its input to sh: what runs comes from the input"),
+    ("echo sudo id | xargs env", "unresolvable: xargs feeds its input to env: what runs comes from the input"),
+    ("/lib64/ld-linux-x86-64.so.2 /usr/bin/sudo id", "shell-sudo"),
+    ("script -qc 'sudo id' /dev/null", "shell-sudo"),
+    ("find . -exec sh -c 'rm -rf {}' \\;", "unresolvable: sh -c runs text the policy cannot see ('rm -rf {}')"),
+    ("rm -rf /usr/..", "shell-rm-rf-root"),
+    ("time sudo id", "shell-sudo"),
+    ("docker run --privileged -v /:/host alpine", "shell-container-control"),
     # --- the host ------------------------------------------------------------------------------------
     ("systemctl reboot", "shell-host-power"),
     ("iptables -F", "shell-host-config"),

@@ -34,7 +34,7 @@ WORD_RULES = (
     # --- deny --------------------------------------------------------------
     ("shell-rm-rf-root", "shell", "words",
      (r"^rm\s(?:.*\s)?(?:/+(?:[^\s/]*[*?\[][^\s/]*)?/*|/+\.\.?/*|~/?\*?|\$HOME/?\*?|/" + SYSTEM_DIRS
-      + r"/*\*?|/(?:home|dev|run|mnt|media)/*\*?)(?:\s|$)"),
+      + r"/*\*?|/(?:home|dev|run|mnt|media)/*\*?|/\S*/\.\.(?:/\S*)?)(?:\s|$)"),
      False, "deny", 10, "deletes the root filesystem, a home or a system directory (rm of /, /*, ~, /etc …)"),
     ("shell-no-preserve-root", "shell", "words", r"(?:^|\s)--no-preserve-root(?:\s|$)", False, "deny", 11,
      "disables rm's protection of the root filesystem"),
@@ -116,6 +116,9 @@ WORD_RULES = (
     ("shell-namespace-or-capabilities", "shell", "words",
      r"^(?:nsenter|unshare|chroot|setpriv|capsh|setcap|machinectl|systemd-run)(?:\s|$)",
      False, "high", 39, "changes namespaces, the root directory or capabilities"),
+    ("shell-container-control", "shell", "words",
+     r"^(?:docker|podman|nerdctl|ctr|crictl|kubectl|lxc|virsh)(?:\s|$)", False, "high", 43,
+     "controls containers or machines (docker, kubectl …): a way around the step's sandbox"),
     ("shell-host-config", "shell", "words",
      r"^(?:iptables|ip6tables|nft|modprobe|insmod|rmmod|mount|umount|swapoff|swapon|sysctl|ifconfig|route)(?:\s|$)"
      r"|^ip\s(?:.*\s)?(?:link|addr|route|netns)\s(?:.*\s)?(?:add|del|set|flush)(?:\s|$)"

@@ -54,6 +54,7 @@ SEED_CASES = {
     "shell-namespace-or-capabilities": (shell(["nsenter", "-t", "1", "-m", "sh"]), "high"),
     "shell-host-config": (shell(["iptables", "-F"]), "high"),
     "shell-find-delete": (shell("find . -name '*.pyc' -delete"), "medium"),
+    "shell-container-control": (shell(["docker", "ps"]), "high"),
 }
 
 # a rule → a step that looks close but must not trigger it
