@@ -4,10 +4,16 @@ resolver, and how it shows in the decision trace, the dry-run API and the
 run page."""
 
 import pytest
+from django.test import Client
+from django.utils.html import escape
 
+from approvals.models import ApprovalRequest
 from runs.models import Step
+from runs.pipeline import run_advance
 from runs.policy import baseline_reasons, plan_baseline, policy_dry_run, step_baseline
+from runs.services import run_submit
 from runtime.capabilities import capability_manifest
+from tests.conftest import make_user
 from tests.runs.policy_steps import SANDBOXED
 
 LIMITS = {"cpu_seconds": None, "address_space_bytes": None, "file_size_bytes": None, "open_files": 1024,
@@ -156,3 +162,29 @@ def test_the_dry_run_of_a_plan_over_the_budget_is_still_rated(seeded_policy, ten
 
     assert decision.risk == "deny" and decision.data["rejected_by"] == "budget"
     assert all("baseline" in row for row in decision.data["steps"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_with_host_reach_waits_for_a_human_and_the_pages_say_why(seeded_policy, tenant, agent, settings):
+    # Driven in this thread (the advance task runs inline at commit); the
+    # run stops in AWAITING_HITL, so nothing executes.
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    settings.CELERY_TASK_EAGER_PROPAGATES = True
+    plan = {"steps": [{"id": "s0", "tool": "shell", "params": {"argv": ["echo", "hi"]},
+                       "sandbox": {"profile": "process"}}]}
+    run = run_submit(tenant=tenant, user=agent, plan=plan).run
+    run_advance(run.pk)
+    run.refresh_from_db()
+
+    assert run.state == "AWAITING_HITL"
+    reason = ("baseline high: filesystem host - the host's filesystem, writable wherever its uid may write")
+    request = ApprovalRequest.objects.get(run=run)
+    assert reason in request.steps[0]["reasons"] and request.steps[0]["risk"] == "high"
+    assert request.approvals_required == 1  # a baseline is not a rule: no quorum of its own
+    approver = make_user("approver", tenant, groups=("approvers",))
+    client = Client()
+    client.force_login(approver)
+    for url in (f"/runs/{run.pk}/", f"/approvals/{request.pk}/"):
+        response = client.get(url)
+        assert response.status_code == 200
+        assert escape(reason) in response.content.decode(), url
