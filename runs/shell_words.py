@@ -118,6 +118,8 @@ class ParsedShell:
     commands: list[SimpleCommand] = field(default_factory=list)
     pipelines: list[tuple[str, ...]] = field(default_factory=list)  # command names, two or more
     signals: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
+    # files the command writes (>, tee, cp …) -> their text when it is known
+    written: dict[str, str | None] = field(default_factory=dict)
 
     def texts(self) -> list[str]:
         """What a rule on the ``words`` field searches: each simple command,
@@ -316,17 +318,23 @@ def _command(words: list[_Word], redirects: list[tuple[str, str]], ctx: _Context
             ctx.parsed.signal(UNRESOLVABLE, f"the command word is a glob or brace pattern ({head.raw[:80]})")
     name = os.path.basename(head.value) if "/" in head.value.rstrip("/") else head.value
     values = [name, *(word.value for word in words[1:])]
-    ctx.parsed.commands.append(SimpleCommand(tuple(values), tuple(redirects)))
+    command = SimpleCommand(tuple(values), tuple(redirects))
+    ctx.parsed.commands.append(command)
     ran = [name]
     if ctx.depth >= MAX_DEPTH:
         ctx.parsed.signal(UNRESOLVABLE, f"commands nested deeper than {MAX_DEPTH} levels")
         return ran
     inner = _Context(ctx.parsed, ctx.env, ctx.depth + 1, ctx.stdin_text)
     args = words[1:]
+    if "/" in head.value:
+        _run_written(head.value, head.value, inner, as_shell=True)
+    _record_writes(command, ctx)
     key = "ld.so" if LOADER_RE.match(name) else name.lower()
     if key in OPAQUE_COMMANDS:
         ctx.parsed.signal(UNRESOLVABLE, f"{name} hides what runs from the policy")
     if key in SOURCE_COMMANDS:
+        if args:
+            _run_written(args[0].value, name, inner, as_shell=True)
         return ran
     if key == "alias":
         # dash expands aliases in scripts too: `alias x=sudo; x id` runs sudo
@@ -451,6 +459,7 @@ def _shell(name: str, args: list[_Word], redirects: list[tuple[str, str]], ctx: 
         if not value.startswith(("-", "+")):
             if word.expanded:
                 ctx.parsed.signal(UNRESOLVABLE, f"{name} runs a script the policy cannot see ({word.raw[:80]})")
+            _run_written(value, name, ctx, as_shell=True)
             return  # runs a script file
     _stdin_program(name, redirects, ctx, piped=piped)
 
@@ -481,8 +490,57 @@ def _interpreter(name: str, args: list[_Word], redirects: list[tuple[str, str]],
         if value in ("-m", "-M") or not value.startswith("-"):
             if word.expanded:
                 ctx.parsed.signal(UNRESOLVABLE, f"{name} runs a program the policy cannot see ({word.raw[:80]})")
+            if not value.startswith("-"):
+                _run_written(value, name, ctx, as_shell=False)
             return  # a script file or a module
     _stdin_program(name, redirects, ctx, piped=piped)
+
+
+WRITE_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>"})
+COPIERS = frozenset({"cp", "mv", "ln", "install", "rsync"})
+
+
+def _file_key(path: str) -> str:
+    return os.path.normpath(path)
+
+
+def _record_writes(command: SimpleCommand, ctx: _Context) -> None:
+    """Remember the files a command writes, with their text when it is
+    plain (``echo … >``, ``printf … >``, ``cat <<EOF >``), so that running
+    one later is followed, or signalled."""
+    written = ctx.parsed.written
+    text = _stdin_text(command) if command.name in ("echo", "printf", "cat") else None
+    targets = [target for op, target in command.redirects if op in WRITE_REDIRECTS]
+    if command.name == "tee":
+        text = ctx.stdin_text
+        targets += [word for word in command.words[1:] if not word.startswith("-")]
+    if command.name in ("curl", "wget"):
+        for index, word in enumerate(command.words[1:-1], start=1):
+            if word in ("-o", "-O", "--output", "--output-document"):
+                targets.append(command.words[index + 1])
+    if command.name in COPIERS:
+        operands = [word for word in command.words[1:] if not word.startswith("-")]
+        if len(operands) >= 2:
+            targets.append(operands[-1])
+    for target in targets:
+        key = _file_key(target)
+        appending = any(op in (">>", "&>>") and target == path for op, path in command.redirects)
+        if appending and key in written:
+            before = written[key]
+            written[key] = None if before is None or text is None else before + "\n" + text
+        else:
+            written[key] = text
+
+
+def _run_written(path: str, runner: str, ctx: _Context, *, as_shell: bool) -> None:
+    key = _file_key(path)
+    if key not in ctx.parsed.written:
+        return
+    text = ctx.parsed.written[key]
+    if as_shell and text is not None:
+        _script(text, ctx)  # what the step wrote is what it runs
+        return
+    ctx.parsed.signal(UNRESOLVABLE, f"{runner} runs {path}, a file this step writes: the policy does not read it")
 
 
 def _stdin_text(upstream: SimpleCommand) -> str | None:

@@ -76,6 +76,21 @@ def test_a_here_document_fed_to_a_shell_is_parsed_as_its_program():
     assert "sudo id" in parse_script("echo 'sudo id' | sh").texts()
 
 
+def test_a_file_the_step_writes_and_then_runs_is_followed_or_signalled():
+    followed = parse_script("printf 'sudo id' > job.sh; chmod +x job.sh; ./job.sh")
+    assert "sudo id" in followed.texts()
+    assert followed.written == {"job.sh": "sudo id"}
+
+    appended = parse_script("echo 'echo a' > j.sh; echo 'sudo id' >> j.sh; sh ./j.sh")
+    assert appended.written == {"j.sh": "echo a\nsudo id"} and "sudo id" in appended.texts()
+
+    unknown = parse_script("curl -s https://get.example.com/x -o x.sh; bash x.sh")
+    assert (UNRESOLVABLE, "bash runs x.sh, a file this step writes: the policy does not read it") in unknown.signals
+
+    read_only = parse_script("echo data > out.txt; cat out.txt; sh build.sh")
+    assert read_only.signals == []  # writing a file is no signal; running one it did not write is not either
+
+
 @pytest.mark.parametrize("script", [
     "case $x in a) sudo id;; esac",  # bashlex: not implemented
     "a=$((1 + 2)); sudo id",  # arithmetic expansion

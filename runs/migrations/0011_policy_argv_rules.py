@@ -38,8 +38,10 @@ WORD_RULES = (
      False, "deny", 10, "deletes the root filesystem, a home or a system directory (rm of /, /*, ~, /etc …)"),
     ("shell-no-preserve-root", "shell", "words", r"(?:^|\s)--no-preserve-root(?:\s|$)", False, "deny", 11,
      "disables rm's protection of the root filesystem"),
-    ("shell-sudo", "shell", "words", r"^(?:sudo|su|doas|pkexec|run0|sudoedit)(?:\s|$)", False, "deny", 13,
-     "privilege escalation (sudo, su, doas, pkexec)"),
+    ("shell-sudo", "shell", "words",
+     (r"^(?:sudo|su|doas|pkexec|run0|sudoedit)(?:\s|$)"
+      r"|^(?:ln|cp|install)\s(?:.*\s)?\S*/(?:sudo|su|doas|pkexec)(?:\s|$)"),
+     False, "deny", 13, "privilege escalation (sudo, su, doas, pkexec, or a link or copy of one)"),
     ("shell-mkfs", "shell", "words",
      r"^(?:mk(?:e2)?fs(?:\.\w+)?|mkswap|mkdosfs|wipefs|blkdiscard|sgdisk|sfdisk|fdisk|cfdisk|parted)(?:\s|$)",
      False, "deny", 14, "formats or repartitions a disk"),
@@ -81,7 +83,8 @@ WORD_RULES = (
       r"|snap|flatpak|cpanm?|luarocks|composer|uv|nix-env|easy_install)\s(?:.*\s)?install(?:\s|$)"
       r"|^(?:yarn|pnpm|apk|poetry|uv|bun|deno)\s(?:.*\s)?add(?:\s|$)|^npm\s(?:.*\s)?(?:i|ci|add)(?:\s|$)"
       r"|^python[0-9.]*\s(?:.*\s)?-m\s?pip\s(?:.*\s)?install(?:\s|$)"
-      r"|^(?:dpkg|rpm)\s(?:.*\s)?(?:-i|--install|-U|--upgrade)(?:\s|$)"),
+      r"|^(?:dpkg|rpm)\s(?:.*\s)?(?:-i|--install|-U|--upgrade)(?:\s|$)"
+      r"|^(?:npx|uvx|bunx|pipx\s+run|(?:pnpm|yarn)\s+dlx)(?:\s|$)"),
      False, "high", 30, "installs packages (changes the host, runs third-party install scripts)"),
     ("shell-http-write", "shell", "words",
      (r"^curl\s(?:.*\s)?(?:-[a-zA-Z]*X\s?(?!(?i:GET|HEAD)(?:\s|$))\S|--request[=\s](?!(?i:GET|HEAD)(?:\s|$))"
@@ -132,6 +135,9 @@ WORD_RULES = (
     ("shell-network-tool", "shell", "words",
      r"^(?:curl|wget|ssh|scp|sftp|rsync|nc|ncat|netcat|telnet|ftp|lftp|aria2c|socat|http|https|xh)(?:\s|$)",
      False, "medium", 52, "reaches the network from a shell (curl, wget, ssh, scp, …)"),
+    ("shell-awk-runs-commands", "shell", "words",
+     r"^(?:g|m|n)?awk\s.*(?:\bsystem\s*\(|\|\s*getline|\bprint[^|]*\|\s*[\"'])", False, "medium", 54,
+     "an awk program that runs commands (system(), print | \"cmd\", \"cmd\" | getline)"),
     ("shell-find-delete", "shell", "words", r"^find\s(?:.*\s)?-delete(?:\s|$)", False, "medium", 53,
      "deletes every file a find matches"),
 )

@@ -55,6 +55,7 @@ SEED_CASES = {
     "shell-host-config": (shell(["iptables", "-F"]), "high"),
     "shell-find-delete": (shell("find . -name '*.pyc' -delete"), "medium"),
     "shell-container-control": (shell(["docker", "ps"]), "high"),
+    "shell-awk-runs-commands": (shell("""awk '{ print | "sh" }' cmds.txt"""), "medium"),
 }
 
 # a rule → a step that looks close but must not trigger it
