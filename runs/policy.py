@@ -1,13 +1,37 @@
 """POLICY_CHECK: rate every tool call of a plan against the policy rules and
 the run budgets, and the services that change the rules.
 
+A shell step's risk starts from what it can touch — its effective execution
+plan (``runs.dataplane.resolve_step_plan``), its *capability baseline*:
+
+- ``linux_sandbox`` with network ``none``/``loopback``, only the workspace
+  writable and a non-root uid: low;
+- network ``internet`` (a NAT'd namespace: it cannot reach the host's
+  loopback, but nothing proves it keeps off the host's other addresses),
+  network ``host``, filesystem ``host``, no sandbox, or root (uid 0, or the
+  worker's own uid when the worker is root): high;
+- no process limit: at least medium;
+- a plan that cannot be resolved here (a strict request this host cannot
+  honour): high, since nothing says what it can reach.
+
+Then the parsed command (``runs.shell_words``) adds its *signals*: a command
+the parser cannot resolve (a variable or substitution as the command word,
+quoting that splits it, ``eval``/``exec``/``source``, a program read from a
+pipe or a here-document) and inline interpreter code (``python -c``) are at
+least medium. http and file steps have no baseline (file steps run in the
+worker: their rules say what they may touch).
+
 A rule matches a step when its ``tool`` is the step's tool (or ``*``) and its
 ``pattern`` is found (``re.search``) in the rule's ``field`` of the step — or
-is not found, for a ``negate`` rule. A field the step does not have (a URL on
-a shell step, a script on an argv step) matches nothing, negated or not. A
-step's risk is the highest outcome among the rules it matches (low < medium
-< high < deny); a step no rule matches is low. The run's risk is the highest
-of its steps'. A run over any budget is denied whatever its rules say.
+is not found, for a ``negate`` rule. The ``words`` field is a list: each
+simple command of the parsed command and each pipeline's command names; a
+rule on it matches when its pattern is found in any of them (a negated one:
+in none). A field the step does not have (a URL on a shell step, a script on
+an argv step) matches nothing, negated or not. Rules only raise: a step's
+risk is the highest of its baseline, its signals and the outcomes of the
+rules it matches (low < medium < high < deny); an http or file step no rule
+matches is low. The run's risk is the highest of its steps'. A run over any
+budget is denied whatever its rules say.
 
 Hosts in ``EXECGO_HTTP_ALLOWED_HOSTS`` may receive state-changing requests
 without approval: on an http step to such a host, the rules on the ``method``
@@ -45,15 +69,19 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from runs.dataplane import resolve_step_plan
 from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
 from runs.plan_schema import KNOWN_TOOLS, validate_plan
+from runs.shell_words import ParsedShell, parse_argv, parse_script
+from runtime.capabilities import capability_manifest
+from runtime.envelopes import EnvelopeError
 
 ANY_TOOL = "*"
 RISK_ORDER = {RiskLevel.LOW: 0, RiskLevel.MEDIUM: 1, RiskLevel.HIGH: 2, RiskLevel.DENY: 3}
 Field = PolicyRule.Field
 FIELDS_OF_TOOL = {
-    "shell": {Field.ARGV, Field.SCRIPT, Field.COMMAND},
+    "shell": {Field.ARGV, Field.SCRIPT, Field.COMMAND, Field.WORDS},
     "http": {Field.URL, Field.METHOD},
     "file": {Field.PATH, Field.OP},
 }
@@ -190,13 +218,119 @@ def step_field(step: Step, field: str) -> str | None:
     return None
 
 
-def _rule_matches(rule: PolicyRule, pattern: re.Pattern, step: Step) -> bool:
+def parse_shell_step(step: Step) -> ParsedShell | None:
+    """The parsed command of a shell step (None for other tools, or a shell
+    step with neither argv nor script)."""
+    params = step.params if isinstance(step.params, dict) else {}
+    if step.tool != "shell":
+        return None
+    if isinstance(params.get("argv"), list):
+        return parse_argv([_text(arg) for arg in params["argv"]])
+    if "script" in params:
+        return parse_script(_text(params["script"]))
+    return None
+
+
+def _rule_matches(rule: PolicyRule, pattern: re.Pattern, step: Step, parsed: ParsedShell | None) -> bool:
     if rule.tool not in (ANY_TOOL, step.tool):
         return False
+    if rule.field == Field.WORDS:
+        if parsed is None:
+            return False
+        found = any(pattern.search(text) is not None for text in parsed.texts())
+        return not found if rule.negate else found
     text = step_field(step, rule.field)
     if text is None:
         return False
     return (pattern.search(text) is None) if rule.negate else (pattern.search(text) is not None)
+
+
+# --- the capability baseline of a shell step ---------------------------------
+
+CONTAINED_NETWORKS = {
+    "none": "no network: only the namespace's own loopback",
+    "loopback": "only the namespace's own loopback",
+}
+NETWORK_REACH = {
+    "internet": "a NAT'd network namespace: it cannot reach the host's loopback, but nothing proves it keeps off "
+                "the host's other addresses",
+    "host": "the host's own network: the database, broker and web on 127.0.0.1 included",
+}
+# "read_only_host_workspace_rw": an earlier spelling of "workspace" by the resolver.
+WORKSPACE_FILESYSTEMS = {"workspace", "read_only_host_workspace_rw"}
+
+
+def _check(what: str, value: Any, risk: str, reason: str) -> dict:
+    return {"check": what, "value": value, "risk": str(risk), "reason": reason}
+
+
+def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
+    """The risk a shell step starts from, from what its effective ``plan``
+    lets it reach, with the check behind each part of it."""
+    checks = []
+    profile, network, filesystem = plan.get("profile"), plan.get("network"), plan.get("filesystem")
+    if profile == "linux_sandbox":
+        checks.append(_check("profile", profile, RiskLevel.LOW, "sandboxed (bubblewrap)"))
+    else:
+        checks.append(_check("profile", profile, RiskLevel.HIGH,
+                             "not sandboxed: the command runs on the host with only rlimits around it"))
+    if network in CONTAINED_NETWORKS:
+        checks.append(_check("network", network, RiskLevel.LOW, CONTAINED_NETWORKS[network]))
+    else:
+        checks.append(_check("network", network, RiskLevel.HIGH,
+                             NETWORK_REACH.get(network, "a network the policy does not know: assumed to reach all")))
+    if filesystem in WORKSPACE_FILESYSTEMS:
+        checks.append(_check("filesystem", filesystem, RiskLevel.LOW,
+                             "read-only host without the data dir, only the workspace writable"))
+    else:
+        reason = ("the host's filesystem, writable wherever its uid may write" if filesystem == "host"
+                  else "a filesystem view the policy does not know: assumed to be the host's")
+        checks.append(_check("filesystem", filesystem, RiskLevel.HIGH, reason))
+    uid = plan.get("uid")
+    if uid == 0 or (uid is None and worker_is_root):
+        checks.append(_check("uid", uid, RiskLevel.HIGH, "runs as root" if uid == 0 else
+                             "runs as the worker's own uid, which is root"))
+    else:
+        checks.append(_check("uid", uid, RiskLevel.LOW, f"runs as uid {uid}" if uid is not None else
+                             "runs as the worker's own (non-root) uid"))
+    limits = plan.get("limits") if isinstance(plan.get("limits"), dict) else {}
+    if limits.get("processes") is None:
+        checks.append(_check("limits.processes", None, RiskLevel.MEDIUM,
+                             "no process limit: a fork bomb is stopped only by the step's timeout"))
+    else:
+        checks.append(_check("limits.processes", limits["processes"], RiskLevel.LOW,
+                             f"at most {limits['processes']} processes"))
+    for downgrade in plan.get("downgrades") or []:
+        checks.append(_check(f"downgrade {downgrade.get('what')}", downgrade.get("effective"), RiskLevel.LOW,
+                             f"asked for {downgrade.get('requested')!r}: {downgrade.get('reason')}"))
+    risk = _max_risk(check["risk"] for check in checks)
+    return {"risk": str(risk), "checks": checks,
+            "plan": {"profile": profile, "network": network, "filesystem": filesystem, "uid": uid,
+                     "processes": limits.get("processes"), "downgrades": len(plan.get("downgrades") or [])}}
+
+
+def _worker_is_root() -> bool:
+    return bool((capability_manifest().get("user") or {}).get("is_root"))
+
+
+def step_baseline(step: Step) -> dict:
+    """The baseline of ``step`` from the plan this host would run it with."""
+    try:
+        plan = resolve_step_plan(step)
+    except EnvelopeError as exc:
+        check = _check("plan", None, RiskLevel.HIGH, f"the execution plan cannot be resolved on this host "
+                                                     f"({exc.envelope['message']}): what it can reach is unknown")
+        return {"risk": str(RiskLevel.HIGH), "checks": [check], "plan": None}
+    return plan_baseline(plan, worker_is_root=_worker_is_root())
+
+
+def baseline_reasons(baseline: dict) -> list[str]:
+    """The checks that set the baseline (and any above low), for the step's reasons."""
+    raised = [check for check in baseline["checks"] if check["risk"] != RiskLevel.LOW]
+    if raised:
+        return [f"baseline {check['risk']}: {check['check']} {check['value']} - {check['reason']}"
+                for check in raised]
+    return ["baseline low: " + ", ".join(f"{check['check']} {check['value']}" for check in baseline["checks"])]
 
 
 def _allowed_hosts() -> frozenset[str]:
@@ -323,9 +457,20 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
                               "reasons": [f"not rated: longer than max_command_chars ({max_chars})"]})
             continue
         host = _allow_listed_host(step, allowed)
-        reasons, risks = [], []
+        parsed = parse_shell_step(step)
+        reasons, risks, extra = [], [], {}
+        if step.tool == "shell":
+            baseline = step_baseline(step)
+            risks.append(baseline["risk"])
+            reasons.extend(baseline_reasons(baseline))
+            signals = [{"signal": kind, "risk": str(RiskLevel.MEDIUM), "detail": detail}
+                       for kind, detail in (parsed.signals if parsed else [])]
+            risks.extend(signal["risk"] for signal in signals)
+            reasons.extend(f"{signal['signal']}: {signal['detail']}" for signal in signals)
+            extra = {"baseline": baseline,
+                     "parsed": {"commands": parsed.texts() if parsed else [], "signals": signals}}
         for rank, (rule, pattern) in enumerate(compiled):
-            if not _rule_matches(rule, pattern, step):
+            if not _rule_matches(rule, pattern, step, parsed):
                 continue
             if host is not None and _waived(rule):
                 reasons.append(f"{rule.name} waived: host {host} is in EXECGO_HTTP_ALLOWED_HOSTS")
@@ -334,7 +479,7 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
             reasons.append(f"{rule.name}: {rule.reason}")
             risks.append(rule.outcome)
         step_rows.append({"id": step.step_id, "tool": step.tool, "risk": _max_risk(risks),
-                          "reasons": reasons or [NO_RULE_MATCHED]})
+                          "reasons": reasons or [NO_RULE_MATCHED], **extra})
 
     matched_rules = [
         {"rule": match.rule.name, "id": match.rule.pk, "outcome": match.rule.outcome, "reason": match.rule.reason,

@@ -40,6 +40,7 @@ def seeded_policy(db):
     from django.apps import apps
 
     importlib.import_module("runs.migrations.0003_seed_policy").seed_policy(apps, None)
+    importlib.import_module("runs.migrations.0011_policy_argv_rules").seed_word_rules(apps, None)
 
 
 @pytest.fixture

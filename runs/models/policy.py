@@ -19,6 +19,9 @@ class PolicyRule(models.Model):
         ARGV = "argv"  # the shell command line, argv joined by spaces
         SCRIPT = "script"
         COMMAND = "command"  # argv or script, whichever the step has
+        # Each simple command of the parsed argv or script (runs.shell_words):
+        # normalised words, then redirections; and each pipeline as "a | b".
+        WORDS = "words"
         URL = "url"
         METHOD = "method"
         PATH = "path"
@@ -27,7 +30,9 @@ class PolicyRule(models.Model):
     name = models.CharField(max_length=100, unique=True)
     tool = models.CharField(max_length=20, help_text="shell, http, file, or * for any tool")
     field = models.CharField(max_length=10, choices=Field.choices)
-    pattern = models.CharField(max_length=500, help_text="a Python regular expression, searched in the field")
+    pattern = models.CharField(max_length=500, help_text=(
+        "a Python regular expression, searched in the field (for words: in each parsed simple command and "
+        "each pipeline; it matches when it is found in any of them)"))
     negate = models.BooleanField(default=False, help_text="match when the pattern is NOT found")
     outcome = models.CharField(max_length=10, choices=RiskLevel.choices)
     reason = models.CharField(max_length=300)
