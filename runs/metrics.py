@@ -32,6 +32,7 @@ APPROVAL_DECISION = Histogram(
 EVENTS_RELAYED = Counter("execgo_events_relayed", "Outbox events a web process relayed to its live pages.")
 
 KNOWN_CODES = frozenset(ErrorCode)
+KNOWN_STATUSES = frozenset({"success", "failed", "cancelled"})
 KNOWN_SOURCES = frozenset({"scheduler", "executor", "policy", "store", "api", "approval"})
 
 
@@ -44,10 +45,11 @@ def count_step_end(tool: str, result: dict) -> None:
     """An attempt's result applied in the caller's transaction, counted once it commits."""
 
     def count() -> None:
-        STEP_DURATION.labels(tool, result["status"]).observe(max(result.get("duration_ms") or 0, 0) / 1000)
+        # Label values come from closed sets: a result is data from a shim.
+        status = result["status"] if result["status"] in KNOWN_STATUSES else "unknown"
+        STEP_DURATION.labels(tool, status).observe(max(result.get("duration_ms") or 0, 0) / 1000)
         error = result.get("error")
         if error:
-            # Label values come from a closed set: a result is data from a shim.
             code = error.get("code") if error.get("code") in KNOWN_CODES else "unknown"
             source = error.get("source") if error.get("source") in KNOWN_SOURCES else "unknown"
             ERRORS.labels(code, source).inc()

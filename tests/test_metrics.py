@@ -15,6 +15,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.services import approval_decide
+from runs import metrics
 from runs.models import AuditEvent, AuditLog, Event, EventType, Run
 from runs.statemachine import RunState
 from runs.web import metrics as exposition
@@ -194,3 +195,18 @@ def test_files_of_dead_processes_are_folded_and_still_counted(tmp_path):
         live.wait()
     assert exposition.fold_dead_processes(tmp_path) == 2
     assert total(tmp_path) == before
+
+
+def test_label_values_from_a_result_come_from_a_closed_set(db, client, django_capture_on_commit_callbacks):
+    forged = {"status": "failed\nevil", "duration_ms": 12, "error": {"code": 'x"} 1\nexecgo_runs{state="SUCCEEDED',
+                                                                "source": "shim\n# TYPE evil counter"}}
+    _, before = scrape(client)
+    with django_capture_on_commit_callbacks(execute=True):
+        metrics.count_step_end("shell", forged)
+    text, after = scrape(client)
+    assert value(after, "execgo_errors_total", code="unknown", source="unknown") == (
+        value(before, "execgo_errors_total", code="unknown", source="unknown") + 1)
+    assert value(after, "execgo_step_duration_seconds_count", tool="shell", status="unknown") == (
+        value(before, "execgo_step_duration_seconds_count", tool="shell", status="unknown") + 1)
+    assert "evil" not in text and 'x\\"}' not in text
+    promtool_check(text)
