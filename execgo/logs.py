@@ -189,8 +189,11 @@ def _unbind_task(task_id=None, **_kwargs):
 
 
 @setup_logging.connect(weak=False)
-def _keep_django_logging(**_kwargs):
-    """A worker logs through settings.LOGGING too, not Celery's own handlers."""
+def _keep_django_logging(loglevel=None, **_kwargs):
+    """A worker logs through settings.LOGGING too, not Celery's own
+    handlers, at the level its command line asks for (``-l``)."""
     from django.conf import settings
 
     logging.config.dictConfig(settings.LOGGING)
+    if loglevel:
+        logging.getLogger().setLevel(loglevel)
