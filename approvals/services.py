@@ -31,6 +31,7 @@ from runs.audit import audit
 from runs.closing import run_close
 from runs.dispatch import enqueue_advance
 from runs.errors import ConflictError, DeniedError, ErrorCode, error_envelope
+from runs.metrics import count_approval_decision
 from runs.models import AuditEvent, Run, Step, Trace, TraceKind
 from runs.policy import current_policy_version
 from runs.selectors import tenant_of
@@ -125,6 +126,7 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
             pass  # cancelled meanwhile: the decision stays on record
     elif locked.status == ApprovalStatus.REJECTED:
         _close(locked, actor, S.REJECTED, {"decision": "reject", "request": locked.pk})
+    count_approval_decision(locked)
     return Outcome(request=locked, approvals=approvals)
 
 

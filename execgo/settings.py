@@ -5,6 +5,7 @@ services: SQLite (WAL) and Celery's filesystem broker under EXECGO_DATA_DIR.
 Production sets DATABASE_URL=postgres://… and CELERY_BROKER_URL=redis://….
 """
 
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -50,6 +51,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication: binds the request id and the caller's tenant to every log line.
+    "execgo.logs.RequestContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last: it answers a locked-out login with the lockout page.
@@ -363,11 +366,38 @@ EXECGO_ZOMBIE_THRESHOLDS_S = {
 }
 
 
+# --- Observability ----------------------------------------------------------
+
+# prometheus_client's multiprocess mode: every process (web, each worker and
+# pool child) counts into its own files here and /metrics sums them. The
+# client reads PROMETHEUS_MULTIPROC_DIR when it is first imported, so it is
+# set here, before any module imports it (and always from this setting: a
+# process started with another data dir must not inherit its parent's).
+EXECGO_METRICS_DIR = Path(env_str("EXECGO_METRICS_DIR", str(DATA_DIR / "metrics"))).resolve()
+EXECGO_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(EXECGO_METRICS_DIR)
+# /readyz: how long the broker connection and the workers' ping may take.
+EXECGO_READYZ_TIMEOUT_S = env_float("EXECGO_READYZ_TIMEOUT_S", 1.0)
+# Beat writes an entry's last_run_at at every dispatch (its default waits
+# three minutes), which /readyz reads to tell that beat runs the sweeper.
+CELERY_BEAT_SYNC_EVERY = 1
+
+# Logs: JSON lines (one object per line, with the request, run, step and
+# handle ids bound while they are handled) unless EXECGO_LOG_FORMAT=text;
+# text by default in DEBUG. EXECGO_LOG_FILE also appends them to a file.
+EXECGO_LOG_FORMAT = env_str("EXECGO_LOG_FORMAT", "text" if DEBUG else "json")
+if EXECGO_LOG_FORMAT not in {"json", "text"}:
+    raise ImproperlyConfigured(f"EXECGO_LOG_FORMAT must be json or text, got {EXECGO_LOG_FORMAT!r}")
+EXECGO_LOG_FILE = env_str("EXECGO_LOG_FILE", "")
+_log_handlers = {"console": {"class": "logging.StreamHandler", "formatter": EXECGO_LOG_FORMAT}}
+if EXECGO_LOG_FILE:
+    _log_handlers["file"] = {"class": "logging.handlers.WatchedFileHandler", "filename": EXECGO_LOG_FILE,
+                             "formatter": EXECGO_LOG_FORMAT}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("EXECGO_LOG_LEVEL", "INFO")},
+    "formatters": {"json": {"()": "execgo.logs.json_formatter"}, "text": {"()": "execgo.logs.text_formatter"}},
+    "handlers": _log_handlers,
+    "root": {"handlers": list(_log_handlers), "level": env_str("EXECGO_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

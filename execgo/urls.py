@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from approvals import api as approvals_api
 from execgo import health
-from runs.metrics import metrics_view
+from runs.web.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from django.db import transaction
 from django.utils import timezone
+from structlog.contextvars import bind_contextvars
 
 from runs.audit import audit
 from runs.closing import run_close
@@ -44,6 +45,7 @@ from runs.dataplane import (
 )
 from runs.dispatch import Claim, enqueue_claims, enqueue_settle
 from runs.errors import ErrorCode, error_envelope
+from runs.metrics import count_step_end
 from runs.models import AuditEvent, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.outbox import emit, emit_step_event, step_event
 from runs.statemachine import RunState
@@ -243,6 +245,7 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved:
     else:
         step = started
     run = step.run
+    bind_contextvars(run_id=run.pk, tenant_id=run.tenant_id, step_id=step.step_id, handle_id=step.handle_id)
     try:
         if plan_error is not None:
             result = unstarted_result(step, attempt, step.started_at, plan_error)
@@ -273,6 +276,7 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
                                                      run_status=StepRunStatus.RUNNING).first()
     if step is None:
         return None
+    bind_contextvars(run_id=step.run_id, tenant_id=step.run.tenant_id, step_id=step.step_id, handle_id=step.handle_id)
     result = reattach(step, cancel_requested=_cancel_poller(step.run_id),
                       on_progress=lambda percent, message: _progress(step.run_id, step, attempt, percent, message))
     audit(AuditEvent.STEP_REATTACHED, run_id=step.run_id, tenant_id=step.run.tenant_id, caller="recovery",
@@ -320,6 +324,7 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
                   data={"step": step.step_id, "attempt": attempt, "status": result["status"]})
             transaction.on_commit(lambda: release_reservation(finished_handle))
             return None
+        count_step_end(step.tool, result)
         event_type = {StepRunStatus.SUCCESS: EventType.TASK_SUCCEEDED,
                       StepRunStatus.CANCELLED: EventType.TASK_CANCELLED}.get(result["status"], EventType.TASK_FAILED)
         events = [step_event(run.pk, step, event_type, result["error"]["message"] if result["error"] else "succeeded",

@@ -1,34 +1,64 @@
-"""/metrics: Prometheus text exposition, computed from the database so every
-web process reports the same figures whichever worker did the work."""
+"""What /metrics counts in the processes (prometheus_client, multiprocess
+mode); the exposition is ``runs.web.metrics``.
 
-from django.db.models import Count
-from django.http import HttpResponse
+Each process, web or worker or pool child, writes its own files under
+``EXECGO_METRICS_DIR`` (set as ``PROMETHEUS_MULTIPROC_DIR`` by the
+settings, before anything imports the client); a scrape sums them. These
+are what leaves no row worth counting at every scrape: transitions by edge,
+step durations and errors, approval decision latency, events relayed.
+Counts of a transaction are taken after it commits, so a rolled-back
+transition or result is never counted.
+"""
 
-from runs.models import AuditEvent, AuditLog, Run, Step
-from runs.statemachine import RunState
+from django.db import transaction
+from prometheus_client import Counter, Histogram
+
+from runs.errors import ErrorCode
+
+# --- Counted in the process (multiprocess files) -----------------------------
+
+TRANSITIONS = Counter("execgo_transitions", "Run state transitions committed, by edge (from_state is empty "
+                      "for a run's creation).", ["from_state", "to_state"])
+STEP_DURATION = Histogram(
+    "execgo_step_duration_seconds", "Duration of finished step attempts, by tool and run status.",
+    ["tool", "status"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, float("inf")),
+)
+ERRORS = Counter("execgo_errors", "Step attempts that ended with an error, by error code and source.",
+                 ["code", "source"])
+APPROVAL_DECISION = Histogram(
+    "execgo_approval_decision_seconds", "Time from an approval request to its decision, by outcome.",
+    ["outcome"], buckets=(1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600, float("inf")),
+)
+EVENTS_RELAYED = Counter("execgo_events_relayed", "Outbox events a web process relayed to its live pages.")
+
+KNOWN_CODES = frozenset(ErrorCode)
+KNOWN_STATUSES = frozenset({"success", "failed", "cancelled"})
+KNOWN_SOURCES = frozenset({"scheduler", "executor", "policy", "store", "api", "approval"})
 
 
-def _line(name: str, value, **labels) -> str:
-    rendered = ",".join(f'{key}="{val}"' for key, val in labels.items())
-    return f"{name}{{{rendered}}} {value}" if rendered else f"{name} {value}"
+def count_transition(source: str | None, target: str) -> None:
+    """A transition of the caller's transaction, counted once it commits."""
+    transaction.on_commit(lambda: TRANSITIONS.labels(source or "", target).inc())
 
 
-COUNTED_AUDIT_EVENTS = (AuditEvent.ZOMBIE_RECOVERED, AuditEvent.STALE_RESULT_IGNORED, AuditEvent.INVALID_TRANSITION,
-                        AuditEvent.TRANSITION_LOST)
+def count_step_end(tool: str, result: dict) -> None:
+    """An attempt's result applied in the caller's transaction, counted once it commits."""
+
+    def count() -> None:
+        # Label values come from closed sets: a result is data from a shim.
+        status = result["status"] if result["status"] in KNOWN_STATUSES else "unknown"
+        STEP_DURATION.labels(tool, status).observe(max(result.get("duration_ms") or 0, 0) / 1000)
+        error = result.get("error")
+        if error:
+            code = error.get("code") if error.get("code") in KNOWN_CODES else "unknown"
+            source = error.get("source") if error.get("source") in KNOWN_SOURCES else "unknown"
+            ERRORS.labels(code, source).inc()
+
+    transaction.on_commit(count)
 
 
-def metrics_view(request):
-    runs_by_state = dict(Run.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
-    steps_by_status = dict(Step.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    audit_counts = dict(
-        AuditLog.objects.filter(event__in=COUNTED_AUDIT_EVENTS)
-        .values_list("event").annotate(n=Count("id")).values_list("event", "n")
-    )
-    lines = ["# HELP execgo_runs Runs by state.", "# TYPE execgo_runs gauge"]
-    lines += [_line("execgo_runs", runs_by_state.get(state, 0), state=state) for state in RunState.values]
-    lines += ["# HELP execgo_steps Steps by scheduling status.", "# TYPE execgo_steps gauge"]
-    lines += [_line("execgo_steps", count, status=status) for status, count in sorted(steps_by_status.items())]
-    for event in COUNTED_AUDIT_EVENTS:
-        name = f"execgo_{event}_total"
-        lines += [f"# TYPE {name} counter", _line(name, audit_counts.get(event, 0))]
-    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
+def count_approval_decision(request) -> None:
+    """A committed human decision that settled its request (an ApprovalRequest)."""
+    if request.status in ("approved", "rejected") and request.decided_at:
+        APPROVAL_DECISION.labels(request.status).observe(
+            max((request.decided_at - request.requested_at).total_seconds(), 0))

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from runs.audit import audit
+from runs.metrics import count_transition
 from runs.models import FINAL_AUDIT_EVENT, AuditEvent, Event, EventType, Job, Run, Step, Trace, TraceKind
 from runs.statemachine import FINAL, ZOMBIE_SWEEPER, RunState, closing_cause_for, edge, is_legal, job_status_for
 from runtime import statements
@@ -163,6 +164,7 @@ def record_state(run: Run, source: str | None, target: str, now: datetime, *, ev
     )])
     audit(event, run_id=run.pk, tenant_id=run.tenant_id, actor=actor, caller=caller, forced_by=forced_by,
           from_state=source or "", to_state=target, data=data)
+    count_transition(source, target)
     # The projection follows the job's latest run only: an older run of the
     # same job is final and can no longer move, but never let it overwrite.
     statements.update(Job, {"id": run.job_id, "latest_run_id": run.pk}, {

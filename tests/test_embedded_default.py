@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def request(url: str, token: str, body: dict | None = None) -> dict:
 @pytest.fixture
 def embedded_env(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in SERVICE_VARIABLES}
-    return {**env, "EXECGO_DATA_DIR": str(tmp_path / "var"), "PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+    return {**env, "EXECGO_DATA_DIR": str(tmp_path / "var"), "PORT": str(free_port()), "PYTHONUNBUFFERED": "1",
+            "EXECGO_SWEEP_INTERVAL_S": "2"}
 
 
 def test_the_embedded_default_runs_a_plan_end_to_end(embedded_env, tmp_path):
@@ -80,8 +82,17 @@ def test_the_embedded_default_runs_a_plan_end_to_end(embedded_env, tmp_path):
             run = request(f"{base}/api/v1/runs/{run['id']}", token)
         assert run["state"] == "SUCCEEDED"
         assert [step["result"]["output"]["stdout"] for step in run["steps"]] == ["hello\n", "42\n"]
-        ready = json.loads(urllib.request.urlopen(f"{base}/readyz", timeout=10).read())
-        assert ready["checks"] == {"database": "ok", "broker": "ok", "channel_layer": "ok"}
+        # Ready once beat has run the sweeper (every 2 s here, see embedded_env).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ready = json.loads(urllib.request.urlopen(f"{base}/readyz", timeout=10).read())
+                break
+            except urllib.error.HTTPError as not_ready:
+                if time.monotonic() > deadline:
+                    pytest.fail(not_ready.read().decode() + (tmp_path / "honcho.log").read_text()[-3000:])
+                time.sleep(0.5)
+        assert ready["checks"] == dict.fromkeys(("database", "broker", "channel_layer", "workers", "beat"), "ok")
     finally:
         os.killpg(honcho.pid, signal.SIGTERM)
         try:

@@ -32,6 +32,7 @@ from django.conf import settings
 from django.db import connection
 from psycopg.conninfo import make_conninfo
 
+from runs.metrics import EVENTS_RELAYED
 from runs.models import Event, EventType
 from runs.selectors import LIVE_EVENT_FIELDS, latest_event_id
 from runs.statemachine import RunState
@@ -157,6 +158,7 @@ class OutboxRelay:
                 for queue in self._subscribers.get(row["run_id"], ()):
                     queue.put_nowait(message["event"])
                 self.sent += 1
+                EVENTS_RELAYED.inc()
             if len(rows) < BATCH:
                 return False
 

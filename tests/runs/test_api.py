@@ -7,7 +7,6 @@ from rest_framework.test import APIClient
 
 from runs.models import AuditLog, Job, Run
 from runs.pipeline import run_advance
-from runtime import ledger
 from tests.conftest import make_user, simple_plan, token_client
 
 pytestmark = pytest.mark.django_db
@@ -184,28 +183,6 @@ def test_openapi_schema_and_docs(api, client):
             "/api/v1/jobs/{job_id}"} <= set(paths)
     docs = api.get("/api/v1/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
-
-
-def test_metrics_count_runs_by_state(client, make_run):
-    make_run("SUCCEEDED")
-    make_run("SUCCEEDED")
-    make_run("EXECUTING")
-    body = client.get("/metrics").content.decode()
-    assert 'execgo_runs{state="SUCCEEDED"} 2' in body.splitlines()
-    assert 'execgo_runs{state="EXECUTING"} 1' in body.splitlines()
-    assert 'execgo_runs{state="CLOSED_FAILED"} 0' in body.splitlines()
-    assert "execgo_zombie_recovered_total 0" in body.splitlines()
-
-
-def test_health_endpoints(client):
-    assert client.get("/healthz").json() == {"status": "ok"}
-    ledger.host_register("probe-host")
-    ready = client.get("/readyz")
-    assert ready.status_code == 200, ready.content
-    assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "channel_layer": "ok"}
-    [host] = ready.json()["hosts"]
-    assert host["host"] == "probe-host"
-    assert set(host["capabilities"]) >= {"bubblewrap", "cgroup", "cpu", "memory", "pid_namespace"}
 
 
 @pytest.mark.django_db(transaction=True)
