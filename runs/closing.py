@@ -38,9 +38,12 @@ def run_close(run_id: int) -> Run | None:
     if run.state != S.TRACING:
         return run
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
-    cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
     with transaction.atomic():
-        lock_run(run_id)  # before the steps' rows, as everywhere
+        locked = lock_run(run_id)  # before the steps' rows, as everywhere
+        # Read under the lock: a cancel stored after ``run`` was loaded (it
+        # was still on its main path then) must be answered here, and none
+        # can be stored any more until this transaction ends.
+        cancel_superseded = locked.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
         fence_unfinished_steps(run, reason=f"run closed as {target}")
         run = run_transition(
             run, target, expected=S.TRACING,
@@ -53,7 +56,8 @@ def run_close(run_id: int) -> Run | None:
             webhook_notify("run.final", run_callback_payload(run), url=run.callback_url, run_id=run.pk,
                            tenant_id=run.tenant_id)
         if cancel_superseded:
-            # A cancel that arrived too late to apply is answered, not dropped.
+            # A cancel that arrived too late to apply is answered, not dropped
+            # (``run`` is the copy the transition re-read under the lock).
             audit(AuditEvent.CANCEL_SUPERSEDED, run_id=run.pk, tenant_id=run.tenant_id,
                   actor=run.cancel_requested_by, caller="tracer", to_state=target)
     return run
