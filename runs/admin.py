@@ -18,14 +18,16 @@ so are Django's users and DRF's tokens, registered again below.
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
 from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
+from approvals.models import AGENTS_GROUP, APPROVERS_GROUP
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
 from runs.errors import ExecGoError
 from runs.models import (
@@ -196,8 +198,8 @@ admin.site.unregister(User)
 class TenantUserAdmin(TenantScopedAdmin, UserAdmin):
     """A tenant's staff manage their tenant's users, never a superuser (the
     operator's account, whose password would be the whole installation), and
-    never grant superuser status or permissions one by one; a user they add
-    joins their tenant."""
+    never grant superuser status, permissions one by one or a group other
+    than the tenant roles; a user they add joins their tenant."""
 
     tenant_path = "membership__tenant"
 
@@ -208,6 +210,17 @@ class TenantUserAdmin(TenantScopedAdmin, UserAdmin):
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj))
         return fields if is_operator(request) else (*fields, "is_superuser", "user_permissions")
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        if not is_operator(request) and "groups" in form.base_fields:
+            # The roles that mean something inside a tenant, and the groups
+            # the user already has (which stay removable); any other group is
+            # the operator's to hand out, and its name none of the tenant's business.
+            held = Q(user=obj) if obj is not None else Q(pk__in=[])
+            form.base_fields["groups"].queryset = Group.objects.filter(
+                Q(name__in=[AGENTS_GROUP, APPROVERS_GROUP]) | held).distinct().order_by("name")
+        return form
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

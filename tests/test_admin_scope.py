@@ -263,6 +263,20 @@ def test_autocomplete_and_foreign_key_choices_offer_nothing_of_alpha(staff_clien
     assert "bravo_approver" in add_token.content.decode()
 
 
+def test_bravos_own_add_and_change_pages_show_nothing_of_alpha(staff_client, alpha, bravo):
+    opened = 0
+    for model, model_admin in scoped_models():
+        add = staff_client.get(admin_url(model, "add"))
+        assert add.status_code in (200, 403), model._meta.label
+        assert MARKER not in add.content.decode(), model._meta.label
+        for obj in rows_of(model_admin, bravo):
+            page = staff_client.get(admin_url(model, "change", object_url_id(model, obj)))
+            assert page.status_code == 200, (model._meta.label, obj.pk)
+            assert MARKER not in page.content.decode(), (model._meta.label, obj.pk)
+            opened += 1
+    assert opened >= len(scoped_models())
+
+
 def test_an_object_cannot_be_given_to_alpha(staff_client, alpha, bravo):
     theirs = User.objects.get(username=f"{MARKER}_approver")  # has no token yet
     response = staff_client.post(admin_url(TokenProxy, "add"), {"user": theirs.pk})
@@ -275,16 +289,22 @@ def test_an_object_cannot_be_given_to_alpha(staff_client, alpha, bravo):
     assert Membership.objects.get(user__username="bravo_new").tenant == bravo
 
     ours = User.objects.get(username="bravo_agent")
-    page = staff_client.get(admin_url(User, "change", ours.pk))
-    form = page.context["adminform"].form
-    data = {name: value for name, value in form.initial.items() if value is not None and name in form.fields}
-    data.update({"username": "bravo_agent", "is_superuser": "on", "is_staff": "on",
-                 "user_permissions": [Permission.objects.get(codename="delete_tenant").pk],
-                 "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00"})
-    staff_client.post(admin_url(User, "change", ours.pk), data)
+    held = set(ours.groups.values_list("pk", flat=True))
+    data = {"username": "bravo_agent", "is_active": "on", "is_staff": "on", "is_superuser": "on",
+            "groups": sorted(held), "user_permissions": [Permission.objects.get(codename="delete_tenant").pk],
+            "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00"}
+    saved = staff_client.post(admin_url(User, "change", ours.pk), data)
+    assert saved.status_code == 302, saved.context["adminform"].form.errors
     ours.refresh_from_db()
+    assert ours.is_staff, "the change was saved"
     assert not ours.is_superuser, "tenant staff made a superuser"
     assert not ours.user_permissions.exists()
+    assert set(ours.groups.values_list("pk", flat=True)) == held  # bravo-ops kept, though not a role
+
+    theirs_group = Group.objects.get(name=f"{MARKER}-ops")
+    refused = staff_client.post(admin_url(User, "change", ours.pk), {**data, "groups": [theirs_group.pk]})
+    assert refused.status_code == 200 and "groups" in refused.context["adminform"].form.errors
+    assert set(ours.groups.values_list("pk", flat=True)) == held
 
 
 def test_history_of_alpha_objects_stays_hidden(staff_client, operator, alpha, bravo):

@@ -131,6 +131,18 @@ def test_the_cancel_button_of_a_run_that_ended_shows_a_message(client, make_run,
     assert Run.objects.get(pk=run.pk).cancel_requested_at is None
 
 
+@pytest.mark.django_db
+def test_the_cancel_button_of_a_closing_run_shows_a_message(client, make_run, agent):
+    run = make_run("TRACING", previous_state="EXECUTING", closing_cause="succeeded")
+    client.force_login(agent)
+    response = client.post(f"/runs/{run.pk}/cancel", follow=True)
+    assert response.status_code == 200
+    assert [str(m) for m in response.context["messages"]] == [
+        f"run {run.pk} is already TRACING; its ending was decided before the cancel could be stored"]
+    assert Run.objects.get(pk=run.pk).cancel_requested_at is None
+    assert AuditLog.objects.get(run=run).event == "cancel_superseded"
+
+
 @postgres_only
 @pytest.mark.django_db(transaction=True, databases=["default", "audit"])
 def test_cancel_racing_the_natural_end_never_answers_202_for_a_run_that_ended(make_run, agent):
