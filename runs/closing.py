@@ -40,9 +40,8 @@ def run_close(run_id: int) -> Run | None:
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
     with transaction.atomic():
         locked = lock_run(run_id)  # before the steps' rows, as everywhere
-        # Read under the lock: a cancel stored after ``run`` was loaded (it
-        # was still on its main path then) must be answered here, and none
-        # can be stored any more until this transaction ends.
+        # Read under the lock, which run_cancel takes too: the request as it
+        # finally stands, not as it was when ``run`` was loaded.
         cancel_superseded = locked.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
         fence_unfinished_steps(run, reason=f"run closed as {target}")
         run = run_transition(

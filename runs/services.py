@@ -135,8 +135,8 @@ def run_cancel(*, run: Run, user: Any, caller: str = "api") -> Run:
                   from_state=current.state, data={"reason": reason, "closing_cause": current.closing_cause})
     if refusal is not None:
         raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is already {current.state}; {reason}",
-                            source="api", details={"state": current.state, "reason": "run_final"
-                                                   if current.is_final else "run_closing"})
+                            source="api", details={"state": current.state,
+                                                   "reason": "run_final" if current.is_final else "run_closing"})
     if current.state == S.EXECUTING:
         # The executing steps poll the flag; a run between steps (queued, or
         # waiting out a retry backoff) is settled by this task.
