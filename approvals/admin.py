@@ -7,6 +7,7 @@ from django.contrib import admin, messages
 
 from approvals.models import ApprovalRequest, Decision
 from approvals.services import approval_decide
+from runs.admin_scope import TenantScopedAdmin
 from runs.errors import ExecGoError
 from runtime.admin import PrettyJSONMixin
 
@@ -22,7 +23,9 @@ class DecisionInline(admin.TabularInline):
 
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(PrettyJSONMixin, admin.ModelAdmin):
+class ApprovalRequestAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin):
+    tenant_path = "tenant"
+
     list_display = ("id", "run", "tenant", "status", "risk", "approvals_required", "requested_at", "expires_at",
                     "decided_at")
     list_select_related = ("run", "tenant")

@@ -10,15 +10,25 @@ delete here, not even for superusers. ``Job.status`` and
 
 JSON columns are shown as indented JSON, never as inputs (the helpers, shared
 with the runtime admin, live in ``runtime.admin``).
+
+Every admin here is tenant-scoped or superuser-only (``runs.admin_scope``);
+so are Django's users and DRF's tokens, registered again below.
 """
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
+from rest_framework.authtoken.admin import TokenAdmin
+from rest_framework.authtoken.models import TokenProxy
 
+from approvals.models import AGENTS_GROUP, APPROVERS_GROUP
+from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
 from runs.errors import ExecGoError
 from runs.models import (
     AuditLog,
@@ -139,20 +149,97 @@ class ReadOnlyInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    """A tenant's staff see (and may rename) their own tenant; tenants come
+    and go with the operator."""
+
+    tenant_path = "pk"
+
     list_display = ("name", "id", "created_at")
+    ordering = ("name",)  # autocomplete pages through it
     search_fields = ("name",)
     list_filter = ("created_at",)
     readonly_fields = ("created_at",)
 
+    def has_add_permission(self, request) -> bool:
+        return is_operator(request)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return is_operator(request)
+
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(TenantScopedAdmin, admin.ModelAdmin):
+    """Putting a user in a tenant, or moving one out, is the operator's:
+    a tenant's staff only see who is in theirs."""
+
+    tenant_path = "tenant"
+
     list_display = ("user", "tenant")
     list_select_related = ("user", "tenant")
     search_fields = ("user__username", "user__email", "tenant__name")
     list_filter = ("tenant",)
     autocomplete_fields = ("user", "tenant")
+
+    def has_add_permission(self, request) -> bool:
+        return is_operator(request)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return is_operator(request)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return is_operator(request)
+
+
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class TenantUserAdmin(TenantScopedAdmin, UserAdmin):
+    """A tenant's staff manage their tenant's users, never a superuser (the
+    operator's account, whose password would be the whole installation), and
+    never grant superuser status, permissions one by one or a group other
+    than the tenant roles; a user they add joins their tenant."""
+
+    tenant_path = "membership__tenant"
+
+    def get_queryset(self, request):
+        users = super().get_queryset(request)
+        return users if is_operator(request) else users.filter(is_superuser=False)
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if is_operator(request) else (*fields, "is_superuser", "user_permissions")
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        if not is_operator(request) and "groups" in form.base_fields:
+            # The roles that mean something inside a tenant, and the groups
+            # the user already has (which stay removable); any other group is
+            # the operator's to hand out, and its name none of the tenant's business.
+            held = Q(user=obj) if obj is not None else Q(pk__in=[])
+            form.base_fields["groups"].queryset = Group.objects.filter(
+                Q(name__in=[AGENTS_GROUP, APPROVERS_GROUP]) | held).distinct().order_by("name")
+        return form
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if not change and not is_operator(request):
+            Membership.objects.create(user=obj, tenant_id=staff_tenant_id(request))
+
+
+admin.site.unregister(TokenProxy)
+
+
+@admin.register(TokenProxy)
+class TenantTokenAdmin(TenantScopedAdmin, TokenAdmin):
+    """API tokens of the tenant's own users (never of a superuser)."""
+
+    tenant_path = "user__membership__tenant"
+
+    def get_queryset(self, request):
+        tokens = super().get_queryset(request)
+        return tokens if is_operator(request) else tokens.filter(user__is_superuser=False)
 
 
 # --- jobs and runs -----------------------------------------------------------
@@ -171,7 +258,9 @@ class JobRunInline(ReadOnlyInline):
 
 
 @admin.register(Job)
-class JobAdmin(PrettyJSONMixin, admin.ModelAdmin):
+class JobAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin):
+    tenant_path = "tenant"
+
     list_display = ("id", "title", "tenant", job_status, job_latest_run, "created_by", "created_at", "updated_at")
     list_display_links = ("id", "title")
     list_select_related = ("tenant", "latest_run", "created_by")
@@ -225,7 +314,9 @@ class AuditLogInline(ReadOnlyInline):
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class RunAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "tenant"
+
     list_display = ("id", "title", run_state, "closing_cause", "tenant", "submitted_by", run_job, run_retry_of,
                     "created_at", "last_state_change_at", "cancel_requested_at")
     list_display_links = ("id", "title")
@@ -255,7 +346,7 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         requested, refused = [], []
         for run in queryset.order_by("id"):
             try:
-                run = run_cancel(run=run, user=request.user)
+                run = run_cancel(run=run, user=request.user, caller="admin")
             except ExecGoError as exc:
                 refused.append(f"run {run.pk}: {exc.envelope['message']}")
             except TransitionLost as lost:
@@ -272,7 +363,9 @@ class RunAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Step)
-class StepAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class StepAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "run__tenant"
+
     list_display = ("step_id", record_run, "tool", step_status, "run_status", "attempt", "handle_id", "started_at",
                     "finished_at")
     list_select_related = ("run",)
@@ -285,7 +378,9 @@ class StepAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Trace)
-class TraceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class TraceAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "run__tenant"
+
     list_display = ("id", record_run, "kind", "from_state", "to_state", "step", "created_at")
     list_select_related = ("run", "step")
     search_fields = ("run__id__exact", "kind", "from_state", "to_state")
@@ -294,7 +389,9 @@ class TraceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(AuditLog)
-class AuditLogAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class AuditLogAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "tenant"
+
     list_display = ("id", "event", record_run, "tenant", "actor", "caller", "forced_by", "from_state", "to_state",
                     "created_at")
     list_select_related = ("run", "tenant", "actor")
@@ -309,7 +406,9 @@ class AuditLogAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class EventAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    tenant_path = "run__tenant"
+
     list_display = ("id", "type", record_run, "task_id", "handle_id", "timestamp", "message")
     list_select_related = ("run",)
     search_fields = ("run__id__exact", "task_id", "handle_id", "message")
@@ -318,9 +417,11 @@ class EventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(MemoryEntry)
-class MemoryEntryAdmin(PrettyJSONMixin, admin.ModelAdmin):
+class MemoryEntryAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin):
     """Written only by the tracer of a SUCCEEDED run; an operator may delete
     an entry (it is then never recalled again), never edit one."""
+
+    tenant_path = "tenant"
 
     list_display = ("id", "tenant", "agent", record_run, "summary", "created_at")
     list_select_related = ("tenant", "agent", "run")
@@ -336,9 +437,11 @@ class MemoryEntryAdmin(PrettyJSONMixin, admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class WebhookDeliveryAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Written and updated only by runs.webhooks (the notification, then each
     attempt); an operator reads why a receiver did not get one."""
+
+    tenant_path = "tenant"
 
     list_display = ("id", "event", webhook_status, "attempts", "last_status_code", "url", record_run, "tenant",
                     "created_at", "delivered_at")
@@ -378,9 +481,10 @@ class PolicyRuleForm(forms.ModelForm):
 
 
 @admin.register(PolicyRule)
-class PolicyRuleAdmin(admin.ModelAdmin):
+class PolicyRuleAdmin(SuperuserOnlyAdmin, admin.ModelAdmin):
     """Every change goes through runs.policy, which bumps the policy version
-    in the same transaction, so a PolicyDecisionTrace names the rules it saw."""
+    in the same transaction, so a PolicyDecisionTrace names the rules it saw.
+    One policy rates every tenant's runs: it is the operator's."""
 
     form = PolicyRuleForm
     list_display = ("name", "tool", "field", "pattern", "negate", "outcome", "enabled", "priority", "updated_at")
@@ -403,5 +507,5 @@ class PolicyRuleAdmin(admin.ModelAdmin):
 
 
 @admin.register(PolicyVersion)
-class PolicyVersionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class PolicyVersionAdmin(SuperuserOnlyAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("version", "updated_at")

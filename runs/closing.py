@@ -38,9 +38,11 @@ def run_close(run_id: int) -> Run | None:
     if run.state != S.TRACING:
         return run
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
-    cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
     with transaction.atomic():
-        lock_run(run_id)  # before the steps' rows, as everywhere
+        locked = lock_run(run_id)  # before the steps' rows, as everywhere
+        # Read under the lock, which run_cancel takes too: the request as it
+        # finally stands, not as it was when ``run`` was loaded.
+        cancel_superseded = locked.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
         fence_unfinished_steps(run, reason=f"run closed as {target}")
         run = run_transition(
             run, target, expected=S.TRACING,
@@ -53,7 +55,8 @@ def run_close(run_id: int) -> Run | None:
             webhook_notify("run.final", run_callback_payload(run), url=run.callback_url, run_id=run.pk,
                            tenant_id=run.tenant_id)
         if cancel_superseded:
-            # A cancel that arrived too late to apply is answered, not dropped.
+            # A cancel that arrived too late to apply is answered, not dropped
+            # (``run`` is the copy the transition re-read under the lock).
             audit(AuditEvent.CANCEL_SUPERSEDED, run_id=run.pk, tenant_id=run.tenant_id,
                   actor=run.cancel_requested_by, caller="tracer", to_state=target)
     return run

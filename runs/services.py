@@ -13,14 +13,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs.audit import audit
+from runs.audit import audit, user_or_none
 from runs.closing import run_cancel_awaiting_approval
 from runs.dispatch import enqueue_advance, enqueue_settle
 from runs.errors import ConflictError, ErrorCode
 from runs.models import AuditEvent, Job, Run, Tenant
 from runs.plan_schema import validate_plan
-from runs.statemachine import RunState
-from runs.transitions import record_state
+from runs.statemachine import TRANSIENT, ClosingCause, RunState
+from runs.transitions import lock_run, record_state
 from runtime import statements
 
 S = RunState
@@ -98,31 +98,68 @@ def _replayed(existing: Run, fingerprint: str) -> Submission:
     return Submission(existing, created=False)
 
 
-def run_cancel(*, run: Run, user: Any) -> Run:
-    """Record a cancel request; apply it now if the run sits at a state with
-    a CANCELLED edge and nobody else is driving it (AWAITING_HITL). A run
-    that is executing sees the request from its own worker; earlier states
-    carry it to the first state with a CANCELLED edge."""
-    now = timezone.now()
-    if run.is_final:
-        audit(AuditEvent.CANCEL_REFUSED, run_id=run.pk, tenant_id=run.tenant_id, actor=user, caller="api",
-              from_state=run.state, data={"reason": "run already final"}, independently=True)
-        raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is already {run.state}; nothing to cancel",
-                            source="api", details={"state": run.state})
+def run_cancel(*, run: Run, user: Any, caller: str = "api") -> Run:
+    """Store a cancel request, deciding under the run's row lock, and apply
+    it now if the run sits at a state with a CANCELLED edge and nobody else
+    is driving it (AWAITING_HITL). A run that is executing sees the request
+    from its own worker; earlier states carry it to the first state with a
+    CANCELLED edge.
+
+    ``run`` is the caller's copy, possibly stale: the decision is taken on
+    the locked row. A run that is final, or whose ending is already decided
+    (TRACING, or a transient state other than CANCELLED), refuses the cancel
+    with a 409 and nothing is written to it but one AuditLog row:
+    ``cancel_refused`` when the caller already saw it final,
+    ``cancel_superseded`` when it ended (or began to end) while the request
+    was on its way. Returns the run as it was when the request was stored,
+    or as the cancel left it (AWAITING_HITL)."""
     with transaction.atomic():
-        Run.objects.filter(pk=run.pk, cancel_requested_at__isnull=True).update(
-            cancel_requested_at=now, cancel_requested_by=user
-        )
-        audit(AuditEvent.CANCEL_REQUESTED, run_id=run.pk, tenant_id=run.tenant_id, actor=user, caller="api",
-              from_state=run.state)
-    if run.state == S.EXECUTING:
+        lock_run(run.pk)
+        # Under the lock the run cannot move until this transaction ends, so
+        # this copy is the state the decision below is taken on (runs are
+        # never deleted).
+        current = Run.objects.select_related("cancel_requested_by").get(pk=run.pk)
+        refusal = _cancel_refusal(current, seen_final=run.is_final)
+        if refusal is None:
+            if current.cancel_requested_at is None:
+                current.cancel_requested_at, current.cancel_requested_by = timezone.now(), user_or_none(user)
+                Run.objects.filter(pk=run.pk).update(cancel_requested_at=current.cancel_requested_at,
+                                                     cancel_requested_by=current.cancel_requested_by)
+            audit(AuditEvent.CANCEL_REQUESTED, run_id=run.pk, tenant_id=current.tenant_id, actor=user,
+                  caller=caller, from_state=current.state)
+        else:
+            event, reason = refusal
+            # Committed with this transaction, which writes nothing else: the
+            # request is answered in the audit log, never silently dropped.
+            audit(event, run_id=run.pk, tenant_id=current.tenant_id, actor=user, caller=caller,
+                  from_state=current.state, data={"reason": reason, "closing_cause": current.closing_cause})
+    if refusal is not None:
+        raise ConflictError(ErrorCode.INVALID_INPUT, f"run {run.pk} is already {current.state}; {reason}",
+                            source="api", details={"state": current.state,
+                                                   "reason": "run_final" if current.is_final else "run_closing"})
+    if current.state == S.EXECUTING:
         # The executing steps poll the flag; a run between steps (queued, or
         # waiting out a retry backoff) is settled by this task.
         enqueue_settle(run.pk)
-    elif run.state == S.AWAITING_HITL:
-        run_cancel_awaiting_approval(run.pk)
-    run.refresh_from_db()
-    return run
+    elif current.state == S.AWAITING_HITL:
+        return run_cancel_awaiting_approval(run.pk) or current
+    return current
+
+
+def _cancel_refusal(run: Run, *, seen_final: bool) -> tuple[AuditEvent, str] | None:
+    """Why a cancel cannot apply to the locked ``run``, or None when it can
+    (a run on its main path, or one already being cancelled)."""
+    if run.is_final:
+        if seen_final:
+            return AuditEvent.CANCEL_REFUSED, "nothing to cancel"
+        return AuditEvent.CANCEL_SUPERSEDED, "it ended before the cancel could be stored"
+    if run.state == S.TRACING:
+        decided = run.closing_cause != ClosingCause.CANCELLED
+    else:
+        decided = run.state in TRANSIENT and run.state != S.CANCELLED
+    if decided:
+        return AuditEvent.CANCEL_SUPERSEDED, "its ending was decided before the cancel could be stored"
+    return None
 
 
 def run_retry(*, run: Run, user: Any) -> Run:

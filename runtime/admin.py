@@ -1,5 +1,9 @@
 """Read-only admin for the resource ledger: operators look, runtime.ledger writes.
 
+Hosts are the installation's, not a tenant's: the project closes these pages
+to everyone but superusers (``runs.admin_scope.scope_site``; runtime knows
+nothing of tenants).
+
 Also home of the display helpers every ExecGo admin shares (pretty JSON,
 badges): runtime is the bottom tier, so ``runs.admin`` may import them from
 here, while the reverse would break the layering.

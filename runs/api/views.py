@@ -4,7 +4,7 @@ import time
 
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
@@ -74,7 +74,11 @@ class RunDetailView(APIView):
 
 
 class RunCancelView(APIView):
-    @extend_schema(request=None, responses={202: RunSerializer})
+    @extend_schema(request=None, responses={
+        202: RunSerializer,
+        409: OpenApiResponse(description="the run is final or its ending is already decided: nothing stored, "
+                                         "the refusal audited"),
+    })
     def post(self, request, run_id: int):
         run = run_cancel(run=_user_run(request, run_id), user=request.user)
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

@@ -417,7 +417,8 @@ def test_cancel_action_applies_to_waiting_runs_and_reports_refusals(admin_client
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_action_needs_the_change_permission(client, tenant, agent, eager_tasks):
-    viewer = User.objects.create_user("viewer", password="pw-viewer", is_staff=True)
+    viewer = make_user("viewer", tenant)  # staff of the run's tenant (runs.admin_scope)
+    User.objects.filter(pk=viewer.pk).update(is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
     client.force_login(viewer)
     executing = add_run(tenant, agent, "EXECUTING")

@@ -198,6 +198,13 @@ class RunLifecycle(RuleBasedStateMachine):
                 run_cancel(run=Run.objects.get(pk=run_id), user=self.user)
             model.cancels_refused += 1
             return
+        if model.state in {"REJECTED", "FAILED", "TIMEOUT"} or (model.state == "TRACING"
+                                                                and model.cause != "cancelled"):
+            # Its ending is decided: the cancel is refused at once, audited as superseded.
+            with pytest.raises(ConflictError):
+                run_cancel(run=Run.objects.get(pk=run_id), user=self.user)
+            model.cancels_superseded += 1
+            return
         run_cancel(run=Run.objects.get(pk=run_id), user=self.user)
         model.cancel_requested = True
         if model.state == "AWAITING_HITL":
