@@ -274,8 +274,8 @@ EXECGO_SANDBOX_HIDDEN_PATHS = env_list(
      "/var/lib/rabbitmq", "/var/lib/mysql", "/var/log", "/var/tmp", "/var/spool", "/var/mail"],
 )
 # Network of a step that asks for "internet": a user-mode NAT that cannot
-# reach the host's loopback (slirp4netns); empty: slirp4netns on PATH.
-EXECGO_SLIRP4NETNS_PATH = env_str("EXECGO_SLIRP4NETNS_PATH", "")
+# reach the host's loopback (pasta, of Debian's passt); empty: pasta on PATH.
+EXECGO_PASTA_PATH = env_str("EXECGO_PASTA_PATH", "")
 EXECGO_BWRAP_PATH = env_str("EXECGO_BWRAP_PATH", "")  # empty: bwrap on PATH
 EXECGO_UNSHARE_PATH = env_str("EXECGO_UNSHARE_PATH", "/usr/bin/unshare")
 EXECGO_SHIM_FORKSERVER = env_bool("EXECGO_SHIM_FORKSERVER", True)

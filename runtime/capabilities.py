@@ -26,7 +26,7 @@ import psutil
 from django.conf import settings
 
 from runtime.layout import shim_command
-from runtime.sandbox import bwrap_argv, bwrap_path, slirp4netns_path
+from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 
 _lock = threading.Lock()
 _cached: dict[str, Any] | None = None
@@ -75,7 +75,7 @@ def probe_host() -> dict[str, Any]:
         "bubblewrap": _probe_bubblewrap(drop_uid),
         # The process profile's own mount and network namespaces (root only).
         "namespaces": shim.get("namespaces", {"mount": False, "net": False}),
-        "slirp4netns": _probe_slirp4netns(),
+        "pasta": _probe_pasta(drop_uid),
     }
 
 
@@ -163,11 +163,17 @@ def _probe_user_namespaces(drop_uid: int | None) -> dict[str, Any]:
     return result
 
 
-def _probe_slirp4netns() -> dict[str, Any]:
-    path = slirp4netns_path()
-    # Attaching a user-mode NAT to the sandbox's network namespace is not
-    # wired into the shim: "internet" falls back to the host network (rated high).
-    return {"available": False, "path": path, "error": "isolated outbound network not supported by this shim"}
+def _probe_pasta(drop_uid: int | None) -> dict[str, Any]:
+    """The user-mode NAT of ``"network": "internet"`` (see sandbox.pasta_argv),
+    run for real as the sandbox uid."""
+    path = pasta_path()
+    if not path:
+        return {"available": False, "path": None, "error": "pasta (passt) not installed"}
+    works, error = _run_probe([*pasta_argv(path), "true"], drop_uid)
+    result: dict[str, Any] = {"available": works, "path": path}
+    if not works:
+        result["error"] = error
+    return result
 
 
 def _probe_bubblewrap(drop_uid: int | None) -> dict[str, Any]:

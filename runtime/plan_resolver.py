@@ -35,8 +35,8 @@ Both: rlimits, own session and process group, the whole tree killed on
 timeout/cancel (PID namespace when available, else a /proc scan).
 
 Network: ``none`` and ``loopback`` give the step a namespace with nothing
-but its own loopback; ``internet`` adds a user-mode NAT (slirp4netns) with
-the host's loopback cut off; ``host`` (only ever a downgrade) is the
+but its own loopback; ``internet`` adds a user-mode NAT (pasta) with
+the host's loopback cut off and the host's address the step's own; ``host`` (only ever a downgrade) is the
 worker's own network, database and broker included.
 """
 
@@ -181,8 +181,8 @@ def resolve_plan(
         downgrade("network", network, "host", "this host cannot give the step a network namespace "
                   "(no bubblewrap, and the worker cannot create namespaces)")
         effective_network = "host"
-    elif network == "internet" and not (manifest.get("slirp4netns") or {}).get("available"):
-        downgrade("network", "internet", "host", "slirp4netns is not available: no isolated outbound network")
+    elif network == "internet" and not (manifest.get("pasta") or {}).get("available"):
+        downgrade("network", "internet", "host", "pasta is not available: no isolated outbound network")
         effective_network = "host"
     elif network == "internet" and effective_profile != "linux_sandbox":
         downgrade("network", "internet", "host", "an isolated outbound network needs bubblewrap")

@@ -41,8 +41,19 @@ def bwrap_path() -> str | None:
     return settings.EXECGO_BWRAP_PATH or shutil.which("bwrap")
 
 
-def slirp4netns_path() -> str | None:
-    return settings.EXECGO_SLIRP4NETNS_PATH or shutil.which("slirp4netns")
+def pasta_path() -> str | None:
+    return settings.EXECGO_PASTA_PATH or shutil.which("pasta")
+
+
+def pasta_argv(pasta: str) -> list[str]:
+    """The user-mode NAT in front of bubblewrap for ``"network": "internet"``:
+    pasta makes the network namespace (bubblewrap then shares it) with a copy
+    of the host's address and routes, so the host's own address is the
+    step's own; the gateway is not mapped to the host (``--no-map-gw``) and no
+    port of the host's loopback is forwarded in (``-T none -U none``), nor of
+    the step's out (``-t none -u none``)."""
+    return [pasta, "--config-net", "--quiet", "--no-map-gw", "-t", "none", "-u", "none", "-T", "none", "-U", "none",
+            "--"]
 
 
 def hidden_paths() -> list[str]:
@@ -115,7 +126,8 @@ def bwrap_argv(
         *read_only,
         "--chdir", cwd,
         "--unshare-all",
-        *(["--share-net"] if network == "host" else []),
+        # "internet": the namespace pasta made in front of us (see pasta_argv).
+        *(["--share-net"] if network in ("host", "internet") else []),
         "--new-session",
         "--die-with-parent",
         "--cap-drop", "ALL",

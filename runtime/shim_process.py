@@ -170,6 +170,15 @@ def loopback_up():
         sock.close()
 
 
+def own_proc():
+    """A mount namespace whose /proc is our PID namespace's: programs that
+    find a child's namespaces through /proc/<pid> (pasta) see their own
+    pids there, not the host's."""
+    libc_call("unshare", CLONE_NEWNS)
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
 def isolate(isolation, uid, gid, pidns):
     """The process profile's containment, made by the command's child while
     it is still root: a mount namespace with the data directory and the
@@ -237,7 +246,7 @@ def spawnable(req, pidns):
     Credentials and CPU/file-size/process/memory limits need the fork; so
     does a shim outside a PID namespace (PR_SET_PDEATHSIG)."""
     limits = req.get("limits") or {}
-    if not pidns or req.get("uid") is not None or req.get("isolation"):
+    if not pidns or req.get("uid") is not None or req.get("isolation") or req.get("own_proc"):
         return False
     if any(limits.get(key) for key in ("cpu_seconds", "file_size_bytes", "processes", "address_space_bytes")):
         return False
@@ -315,6 +324,9 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
         if req.get("isolation"):
             stage = "isolate"
             isolate(req["isolation"], req.get("uid"), req.get("gid"), pidns=not set_pdeathsig)
+        elif req.get("own_proc") and not set_pdeathsig:
+            stage = "isolate"
+            own_proc()
         if req.get("uid") is not None:
             stage = "setuid"
             os.setgroups([])

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from runtime import shim
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
-from runtime.sandbox import bwrap_argv, bwrap_path, mount_plan
+from runtime.sandbox import bwrap_argv, bwrap_path, mount_plan, pasta_argv, pasta_path
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -98,15 +98,23 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     env[shim.MARKER_ENV] = handle_id
     sandbox: list[str] = []
     isolation = None
+    own_proc = False
     limits = plan.get("limits") or {}
     if plan.get("profile") == "linux_sandbox":
         bwrap = bwrap_path()
         if not bwrap:
             raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
+        network = plan.get("network") or "none"
         sandbox = bwrap_argv(
             bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
-            limits=limits, network=plan.get("network") or "none",
+            limits=limits, network=network,
         )
+        if network == "internet":
+            pasta = pasta_path()
+            if not pasta:
+                raise EnvelopeError.of("denied", "the plan needs pasta (passt), which is not installed on this host")
+            sandbox = pasta_argv(pasta) + sandbox
+            own_proc = True
     elif plan.get("namespaces"):
         # The shim makes these mounts itself, in the command's own mount namespace.
         isolation = {
@@ -120,6 +128,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
         "env_dropped": sorted(dropped),
         "sandbox_argv": sandbox,
         "isolation": isolation,
+        "own_proc": own_proc,
         "stdin": "stdin" in params,
     }
 

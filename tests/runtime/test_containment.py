@@ -265,3 +265,41 @@ def test_a_two_gigabyte_write_in_a_default_step_stops_at_the_quota(iteration):
     assert result["error"]["code"] == "external_failure"
     assert result["error"]["message"] == "the command filled its workspace quota"
     assert result["error"]["details"]["limits"]["workspace_bytes"] == settings.EXECGO_DEFAULT_LIMITS["workspace_bytes"]
+
+
+def needs_pasta():
+    from runtime.capabilities import capability_manifest
+
+    return pytest.mark.skipif(not (capability_manifest().get("pasta") or {}).get("available"),
+                              reason="the capability probe says pasta is unusable here")
+
+
+NETWORK_ATTEMPTS = ["PostgreSQL over TCP", "PostgreSQL over its unix socket", "Redis over TCP",
+                    "Redis over IPv6 loopback", "the web port on loopback", "the web port on the host's address",
+                    "read the worker's environment", "read another step's stdout log"]
+
+
+@needs_bubblewrap()
+@needs_pasta()
+@pytest.mark.parametrize("name", NETWORK_ATTEMPTS)
+def test_a_step_with_outbound_network_still_does_not_reach_the_host(victim, web_port, name):
+    plan = resolve_plan({"network": "internet"}, mode="strict")
+    result = executor.execute(f"t-{uuid.uuid4().hex[:16]}", tool="shell",
+                              params={"script": attempts(victim, web_port)[name]}, timeout_s=20, attempt=1, plan=plan)
+
+    assert (result["details"]["plan"]["network"], result["details"]["termination"]) == ("internet", "exited")
+    assert "ESCAPED" not in result["output"]["stdout"], (name, result["details"]["stderr"])
+
+
+@needs_bubblewrap()
+@needs_pasta()
+def test_outbound_network_is_a_nat_of_its_own():
+    plan = resolve_plan({"network": "internet"}, mode="strict")
+    result = executor.execute(f"t-{uuid.uuid4().hex[:16]}", tool="shell", params={"script": "ip route; ip -br link"},
+                              timeout_s=20, attempt=1, plan=plan)
+    assert result["status"] == "success", result["details"]["stderr"]
+    assert "default via" in result["output"]["stdout"]  # it has a way out
+    # ...and without asking, none.
+    none = run_default_step("ip route; ip -br link", None)
+    assert "default via" not in none["output"]["stdout"]
+    assert none["output"]["stdout"].strip().splitlines()[-1].startswith("lo ")
