@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
-## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker).
+## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker),
+## in debug mode unless DJANGO_DEBUG says otherwise (debug off needs a secret key and host names).
+run migrate: export DJANGO_DEBUG ?= true
 run: migrate
 	$(BIN)/python manage.py execgo_bootstrap
 	$(BIN)/honcho start

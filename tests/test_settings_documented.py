@@ -1,4 +1,5 @@
-"""Every environment variable execgo/settings.py reads is documented in README.md."""
+"""Every environment variable execgo/settings.py and the Procfile read is
+documented in README.md's one Configuration table, and nothing else is."""
 
 import ast
 import fnmatch
@@ -22,6 +23,10 @@ def settings_names() -> set[str]:
     return names
 
 
+def procfile_names() -> set[str]:
+    return set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", (ROOT / "Procfile").read_text()))
+
+
 def readme_names() -> set[str]:
     """The backquoted names in the first column of the Configuration table."""
     text = (ROOT / "README.md").read_text()
@@ -35,13 +40,13 @@ def readme_names() -> set[str]:
 
 def test_every_setting_is_documented():
     documented = readme_names()
-    read = settings_names()
-    assert len(read) > 50
+    read = settings_names() | procfile_names()
+    assert len(read) > 50 and {"PORT", "EXECGO_WORKER_CONCURRENCY"} <= read
     missing = sorted(name for name in read if not any(fnmatch.fnmatchcase(name, doc) for doc in documented))
     assert not missing, f"not in README.md's Configuration table: {missing}"
 
 
 def test_every_documented_name_is_read():
-    read = settings_names()
+    read = settings_names() | procfile_names()
     stale = sorted(doc for doc in readme_names() if not any(fnmatch.fnmatchcase(name, doc) for name in read))
     assert not stale, f"README.md documents variables settings.py does not read: {stale}"
