@@ -102,8 +102,9 @@ def _lock_head(chain: int, lane: int, using: str) -> tuple[int, str]:
 
 @contextmanager
 def sqlite_audit_erasable(conn):
-    """On SQLite the trigger refuses to delete an audit row unless this
-    connection's ``execgo_audit_erasable()`` says 1: only inside this block.
+    """On SQLite the triggers refuse to delete an audit row or a chain head
+    unless this connection's ``execgo_audit_erasable()`` says 1: only inside
+    this block.
     ``manage.py flush`` (and so the test suite's flush) runs inside it."""
     previous = getattr(conn, "execgo_audit_erasable", False)
     conn.execgo_audit_erasable = True
@@ -125,7 +126,7 @@ def erase_audit_log(using: str = "default") -> None:
         return
     with sqlite_audit_erasable(conn):
         AuditLog.objects.using(using).all().delete()
-    AuditChainHead.objects.using(using).all().delete()
+        AuditChainHead.objects.using(using).all().delete()
 
 
 def install_sqlite_guard(sender, connection, **kwargs) -> None:

@@ -193,6 +193,29 @@ def test_update_and_delete_are_refused_through_the_orm_and_raw_sql(tenant):
     assert audit_chain_breaks() == []
 
 
+@pytest.mark.django_db
+def test_a_chain_head_only_moves_forward_one_link_at_a_time(tenant):
+    """Cutting rows off the end and winding the head back to match is refused too."""
+    write(tenant.pk, 3)
+    head = AuditChainHead.objects.get(chain=tenant.pk, lane=0)
+    second = chain_of(tenant.pk)[1]
+    attempts = {
+        "rewind": lambda: AuditChainHead.objects.filter(pk=head.pk).update(seq=2, last_hash=second.row_hash),
+        "rehash": lambda: AuditChainHead.objects.filter(pk=head.pk).update(last_hash="f" * 64),
+        "skip ahead": lambda: AuditChainHead.objects.filter(pk=head.pk).update(seq=9),
+        "move": lambda: AuditChainHead.objects.filter(pk=head.pk).update(chain=tenant.pk + 1000),
+        "delete": lambda: AuditChainHead.objects.filter(pk=head.pk).delete(),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(DatabaseError, match="only moves forward"), transaction.atomic():
+            attempt()
+
+    assert AuditChainHead.objects.filter(pk=head.pk).values_list("chain", "seq", "last_hash").get() == (
+        tenant.pk, 3, chain_of(tenant.pk)[2].row_hash)
+    write(tenant.pk, 1)
+    assert_unbroken(chain_of(tenant.pk), chain=tenant.pk)
+
+
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite trigger's connection flag")
 @transactional
 def test_on_sqlite_only_the_flagged_connection_may_delete(tenant):

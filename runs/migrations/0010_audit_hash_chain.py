@@ -1,6 +1,7 @@
 """The audit log becomes tamper-evident: a hash chain per tenant (existing
 rows are chained in id order), a head row per chain, and triggers that
-refuse UPDATE and DELETE of an audit row.
+refuse UPDATE and DELETE of an audit row, and let a head only move forward
+(one link at a time; never deleted).
 
 PostgreSQL: one BEFORE UPDATE OR DELETE row trigger. TRUNCATE fires no row
 trigger: it needs the TRUNCATE privilege, which the application's role
@@ -27,10 +28,29 @@ $$ LANGUAGE plpgsql;
 DROP TRIGGER IF EXISTS runs_auditlog_append_only ON runs_auditlog;
 CREATE TRIGGER runs_auditlog_append_only BEFORE UPDATE OR DELETE ON runs_auditlog
     FOR EACH ROW EXECUTE FUNCTION execgo_audit_append_only();
+CREATE OR REPLACE FUNCTION execgo_audit_head_forward_only() RETURNS trigger AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'runs_auditchainhead only moves forward: DELETE of head % refused', OLD.id
+            USING ERRCODE = 'restrict_violation';
+    END IF;
+    IF NOT (NEW.chain = OLD.chain AND NEW.lane = OLD.lane AND (NEW.seq = OLD.seq + 1
+            OR (NEW.seq = OLD.seq AND NEW.last_hash = OLD.last_hash))) THEN
+        RAISE EXCEPTION 'runs_auditchainhead only moves forward: seq % to % refused', OLD.seq, NEW.seq
+            USING ERRCODE = 'restrict_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS runs_auditchainhead_forward_only ON runs_auditchainhead;
+CREATE TRIGGER runs_auditchainhead_forward_only BEFORE UPDATE OR DELETE ON runs_auditchainhead
+    FOR EACH ROW EXECUTE FUNCTION execgo_audit_head_forward_only();
 """
 PG_DROP = """
 DROP TRIGGER IF EXISTS runs_auditlog_append_only ON runs_auditlog;
 DROP FUNCTION IF EXISTS execgo_audit_append_only();
+DROP TRIGGER IF EXISTS runs_auditchainhead_forward_only ON runs_auditchainhead;
+DROP FUNCTION IF EXISTS execgo_audit_head_forward_only();
 """
 SQLITE_CREATE = [
     "DROP TRIGGER IF EXISTS runs_auditlog_no_update",
@@ -39,8 +59,19 @@ SQLITE_CREATE = [
     "DROP TRIGGER IF EXISTS runs_auditlog_no_delete",
     "CREATE TRIGGER runs_auditlog_no_delete BEFORE DELETE ON runs_auditlog WHEN NOT execgo_audit_erasable() "
     "BEGIN SELECT RAISE(ABORT, 'runs_auditlog is append-only: DELETE refused'); END",
+    "DROP TRIGGER IF EXISTS runs_auditchainhead_forward_only",
+    "CREATE TRIGGER runs_auditchainhead_forward_only BEFORE UPDATE ON runs_auditchainhead "
+    "WHEN NOT (NEW.chain = OLD.chain AND NEW.lane = OLD.lane AND (NEW.seq = OLD.seq + 1 "
+    "OR (NEW.seq = OLD.seq AND NEW.last_hash = OLD.last_hash))) "
+    "BEGIN SELECT RAISE(ABORT, 'runs_auditchainhead only moves forward: UPDATE refused'); END",
+    "DROP TRIGGER IF EXISTS runs_auditchainhead_no_delete",
+    "CREATE TRIGGER runs_auditchainhead_no_delete BEFORE DELETE ON runs_auditchainhead "
+    "WHEN NOT execgo_audit_erasable() "
+    "BEGIN SELECT RAISE(ABORT, 'runs_auditchainhead only moves forward: DELETE refused'); END",
 ]
-SQLITE_DROP = ["DROP TRIGGER IF EXISTS runs_auditlog_no_update", "DROP TRIGGER IF EXISTS runs_auditlog_no_delete"]
+SQLITE_DROP = ["DROP TRIGGER IF EXISTS runs_auditlog_no_update", "DROP TRIGGER IF EXISTS runs_auditlog_no_delete",
+               "DROP TRIGGER IF EXISTS runs_auditchainhead_forward_only",
+               "DROP TRIGGER IF EXISTS runs_auditchainhead_no_delete"]
 
 
 def create_triggers(apps, schema_editor):
