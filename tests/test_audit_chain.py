@@ -320,13 +320,19 @@ def test_the_export_verifies_offline_and_a_tampered_line_does_not(tenant, other_
     ok = verify_offline(export)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith(f"OK: {rows} rows of tenant {tenant.pk}; lane 0 head seq 4 row_hash ")
-    head = re.search(r"--head (0:[0-9a-f]{64})", ok.stdout).group(1)
-    assert verify_offline(export, "--head", head).returncode == 0
+    anchor = re.search(r"--anchor (0:4:[0-9a-f]{64})", ok.stdout).group(1)
+    assert verify_offline(export, "--anchor", anchor).returncode == 0
+    # The log grows: a later export still holds the anchor.
+    write(tenant.pk, 1)
+    later = tmp_path / "later.jsonl"
+    assert manage("execgo_audit_export", "--tenant", tenant.name, "--output", str(later)).returncode == 0
+    assert verify_offline(later, "--anchor", anchor).returncode == 0
+    assert verify_offline(later, "--anchor", anchor[:-1] + "0").stdout.startswith("BROKEN: lane 0 seq 4 has row_hash")
 
     def tampered(name: str, new_lines: list[str]) -> subprocess.CompletedProcess:
         path = tmp_path / name
         path.write_text("\n".join(new_lines) + "\n")
-        return verify_offline(path, "--head", head)
+        return verify_offline(path, "--anchor", anchor)
 
     edited = json.loads(lines[2])
     edited["data"]["index"] = 99
@@ -334,14 +340,14 @@ def test_the_export_verifies_offline_and_a_tampered_line_does_not(tenant, other_
         "edited": tampered("edited", lines[:2] + [json.dumps(edited)] + lines[3:]),
         "dropped": tampered("dropped", lines[:1] + lines[2:]),
         "swapped": tampered("swapped", [lines[1], lines[0]] + lines[2:]),
-        "cut": tampered("cut", lines[:3] + lines[4:]),
+        "cut": tampered("cut", [line for line in lines if json.loads(line)["seq"] < 4 or json.loads(line)["lane"]]),
     }
     assert {name: result.returncode for name, result in cases.items()} == dict.fromkeys(cases, 1)
     assert cases["edited"].stdout.startswith("BROKEN: line 3 (row ")
     assert "its content does not match its row_hash" in cases["edited"].stdout
     assert "line 2" in cases["dropped"].stdout and "expected seq 2" in cases["dropped"].stdout
     assert cases["swapped"].stdout.startswith("BROKEN: line 1") and "expected seq 1" in cases["swapped"].stdout
-    assert "lane 0 ends at seq 3" in cases["cut"].stdout and "not at the expected head" in cases["cut"].stdout
+    assert cases["cut"].stdout.startswith("BROKEN: lane 0 ends at seq 3, before the anchor at seq 4")
 
 
 @transactional

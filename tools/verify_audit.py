@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Verify an ExecGo audit export offline (standard library only).
 
-    python3 tools/verify_audit.py audit.jsonl [--head LANE:HASH ...]
+    python3 tools/verify_audit.py audit.jsonl [--anchor LANE:SEQ:HASH ...]
 
 ``audit.jsonl`` is what ``manage.py execgo_audit_export --tenant T`` wrote:
 one JSON object per line, in chain order (a tenant has one chain per
@@ -9,9 +9,11 @@ one JSON object per line, in chain order (a tenant has one chain per
 canonical JSON of the line without ``id`` and ``row_hash`` (sorted keys, no
 whitespace, UTF-8, integral floats written as integers); its ``prev_hash``
 the ``row_hash`` of the line before in its lane (64 zeros for the first);
-its ``seq`` one more than that line's. With ``--head LANE:HASH`` (repeatable),
-a lane's last ``row_hash`` must also equal a head recorded earlier (printed by
-a previous run of this script), which catches lines cut off the end.
+its ``seq`` one more than that line's. With ``--anchor LANE:SEQ:HASH``
+(repeatable; the OK line prints the one to record), the line of that lane and
+seq must exist and carry that ``row_hash``: a later, longer export still
+passes, while history rewritten up to the anchor, or lines cut off the end,
+do not.
 
 Exit 0 and ``OK: …`` when every line holds; exit 1 and ``BROKEN: …`` naming
 the first line that does not.
@@ -42,8 +44,9 @@ def row_digest(content: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def verify(lines, expected_heads: dict[int, str] | None = None) -> tuple[bool, str]:
+def verify(lines, anchors: dict[tuple[int, int], str] | None = None) -> tuple[bool, str]:
     heads: dict[int, tuple[int, str]] = {}  # lane -> (seq, row_hash) of its last line
+    seen: dict[tuple[int, int], str] = {}  # (lane, seq) -> row_hash, for the anchors
     tenant, count = None, 0
     for number, text in enumerate(lines, 1):
         if not text.strip():
@@ -72,12 +75,15 @@ def verify(lines, expected_heads: dict[int, str] | None = None) -> tuple[bool, s
         if computed != stored:
             return False, f"BROKEN: {where}: its content does not match its row_hash (content hashes to {computed})"
         heads[lane] = (line["seq"], stored)
+        if (lane, line["seq"]) in (anchors or {}):
+            seen[lane, line["seq"]] = stored
         count += 1
-    for lane, expected in sorted((expected_heads or {}).items()):
-        seq, last = heads.get(lane, (0, GENESIS))
-        if last != expected:
-            return False, f"BROKEN: lane {lane} ends at seq {seq} with row_hash {last}, not at the expected head"
-    summary = ", ".join(f"lane {lane} head seq {seq} row_hash {last} (--head {lane}:{last})"
+    for (lane, seq), expected in sorted((anchors or {}).items()):
+        if (lane, seq) not in seen:
+            return False, f"BROKEN: lane {lane} ends at seq {heads.get(lane, (0,))[0]}, before the anchor at seq {seq}"
+        if seen[lane, seq] != expected:
+            return False, f"BROKEN: lane {lane} seq {seq} has row_hash {seen[lane, seq]}, not the anchor's"
+    summary = ", ".join(f"lane {lane} head seq {seq} row_hash {last} (--anchor {lane}:{seq}:{last})"
                         for lane, (seq, last) in sorted(heads.items()))
     return True, f"OK: {count} rows of tenant {tenant}; {summary or 'no rows'}"
 
@@ -85,13 +91,14 @@ def verify(lines, expected_heads: dict[int, str] | None = None) -> tuple[bool, s
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Verify an ExecGo audit export (JSON lines) offline.")
     parser.add_argument("export", help="the file execgo_audit_export wrote ('-' for standard input)")
-    parser.add_argument("--head", action="append", default=[], metavar="LANE:HASH",
-                        help="the row_hash a lane's last row must have (recorded earlier)")
+    parser.add_argument("--anchor", action="append", default=[], metavar="LANE:SEQ:HASH",
+                        help="a row_hash recorded earlier: that lane's row at that seq must have it")
     args = parser.parse_args(argv)
     try:
-        expected = {int(lane): digest for lane, digest in (head.split(":", 1) for head in args.head)}
+        expected = {(int(lane), int(seq)): digest
+                    for lane, seq, digest in (anchor.split(":", 2) for anchor in args.anchor)}
     except ValueError:
-        parser.error("--head takes LANE:HASH, e.g. 0:3fa4…")
+        parser.error("--anchor takes LANE:SEQ:HASH, e.g. 0:42:3fa4…")
     stream = sys.stdin if args.export == "-" else open(args.export, encoding="utf-8")
     with stream:
         ok, message = verify(stream, expected)
