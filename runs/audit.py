@@ -47,7 +47,7 @@ from runs.audit_hash import (
     row_content,
     row_digest,
 )
-from runs.models import AuditChainHead, AuditEvent, AuditLog
+from runs.models import AuditChainHead, AuditEvent, AuditLog, Run
 from runtime import statements
 
 
@@ -72,6 +72,12 @@ def _append(row: AuditLog, *, using: str) -> None:
     # that transaction back (a head advanced without its row, or the
     # reverse, can never commit).
     with transaction.atomic(using=using, savepoint=False):
+        if row.run_id is not None and row.chain_lane == CALLER_LANE and not settings.IS_SQLITE:
+            # Locks in one order, the run's row before its tenant's head: a
+            # transaction that audited first and drove the run after would
+            # otherwise deadlock with one that holds the run and audits.
+            # (Not on the audit connection: its caller may hold the run.)
+            statements.select_for_update(Run, row.run_id, ("id",), using=using)
         seq, last_hash = _lock_head(row.tenant_id or NO_TENANT_CHAIN, row.chain_lane, using)
         row.chain_seq = seq + 1
         row.prev_hash = last_hash or GENESIS

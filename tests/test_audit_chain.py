@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,56 @@ def test_concurrent_writers_keep_one_unbroken_chain(tenant):
     assert {row.caller for row in main} == {f"writer {number}" for number in range(threads)}
     assert_unbroken(main, chain=tenant.pk)
     assert_unbroken(independent, chain=tenant.pk, lane=1)
+    assert audit_chain_breaks() == []
+
+
+@postgres_only
+@transactional
+def test_auditing_before_driving_a_run_does_not_deadlock_with_its_driver(make_run):
+    """One transaction audits about a run and then locks it (an expiry
+    does); another locks the run and then audits (every transition does).
+    The writer takes the run's lock before the chain's head, so the second
+    waits for the first instead of each holding what the other wants."""
+    from django.db import connections
+
+    from runs.transitions import lock_run
+
+    run = make_run("AWAITING_HITL")
+    audited = threading.Event()
+    errors: list[BaseException] = []
+
+    def audit_then_lock() -> None:
+        try:
+            with transaction.atomic():
+                audit("hitl_timeout", run_id=run.pk, tenant_id=run.tenant_id, caller="expiry")
+                audited.set()
+                time.sleep(0.5)  # the driver has asked for the run's lock by now
+                lock_run(run.pk)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            audited.set()
+            connections.close_all()
+
+    def lock_then_audit() -> None:
+        try:
+            audited.wait(timeout=30)
+            with transaction.atomic():
+                lock_run(run.pk)
+                audit("state_changed", run_id=run.pk, tenant_id=run.tenant_id, caller="driver")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    pool = [threading.Thread(target=audit_then_lock), threading.Thread(target=lock_then_audit)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=60)
+
+    assert errors == []
+    assert [row.caller for row in chain_of(run.tenant_id)] == ["expiry", "driver"]
     assert audit_chain_breaks() == []
 
 
