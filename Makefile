@@ -24,7 +24,9 @@ sandbox:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null 2>&1; } || \
 	  echo "bubblewrap is not installed: shell steps run in the weaker process profile (install the bubblewrap package to fix)"
 
-## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker).
+## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker),
+## in debug mode unless DJANGO_DEBUG says otherwise (debug off needs a secret key and host names).
+run migrate: export DJANGO_DEBUG ?= true
 run: sandbox migrate
 	$(BIN)/python manage.py execgo_bootstrap
 	$(BIN)/honcho start
@@ -40,6 +42,7 @@ test-postgres: $(STAMP)
 	REDIS_URL=$(REDIS_LAYER) $(BIN)/pytest -q
 
 ## Layer contract (runtime never imports runs/approvals), pending migrations, pyflakes errors, import order.
+lint: export DJANGO_DEBUG ?= true
 lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run

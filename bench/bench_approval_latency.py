@@ -26,6 +26,9 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
 os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench-approval"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+# Debug off, as deployed: the settings then want a key and host names.
+os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-bench-only-" + "0123456789abcdef" * 3)
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 
 

@@ -14,6 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+# Debug off, as deployed: the settings then want a key and host names.
+os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-bench-only-" + "0123456789abcdef" * 3)
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 os.environ.setdefault("EXECGO_DATA_DIR", tempfile.mkdtemp(prefix="execgo-flood-"))
 
 

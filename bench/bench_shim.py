@@ -33,6 +33,9 @@ if "EXECGO_DATA_DIR" not in os.environ:
     SCRATCH = tempfile.mkdtemp(prefix="execgo-bench-")
     os.environ["EXECGO_DATA_DIR"] = SCRATCH
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+# Debug off, as deployed: the settings then want a key and host names.
+os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-bench-only-" + "0123456789abcdef" * 3)
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
 import django  # noqa: E402
 

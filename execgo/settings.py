@@ -19,9 +19,19 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("EXECGO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "execgo-insecure-development-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+# Fails closed: outside debug mode the process refuses to start on the
+# development key or on a guessed host list, instead of running on them.
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "").strip()
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [])
+if not DEBUG and not SECRET_KEY:
+    raise ImproperlyConfigured("Set DJANGO_SECRET_KEY to a long random string (or DJANGO_DEBUG=true for development).")
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "Set DJANGO_ALLOWED_HOSTS to the host names the site answers to (or DJANGO_DEBUG=true for development)."
+    )
+SECRET_KEY = SECRET_KEY or "execgo-insecure-development-key-change-me"
+ALLOWED_HOSTS = ALLOWED_HOSTS or ["localhost", "127.0.0.1", "[::1]", "testserver"]
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -139,6 +149,19 @@ SESSION_COOKIE_AGE = env_int("EXECGO_SESSION_AGE_S", 12 * 3600)
 SESSION_COOKIE_SECURE = EXECGO_HTTPS
 CSRF_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SECURE = EXECGO_HTTPS
+# Served over HTTPS: plain HTTP is redirected and browsers are told (HSTS)
+# to use HTTPS only. Behind a TLS-terminating proxy, Django sees plain HTTP:
+# EXECGO_PROXY_SSL_HEADER names the header the proxy sets to "https" (the
+# proxy must overwrite it on every request, or a client could forge it).
+# The probes stay reachable over plain HTTP for a load balancer.
+SECURE_SSL_REDIRECT = env_bool("EXECGO_SSL_REDIRECT", EXECGO_HTTPS)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+SECURE_HSTS_SECONDS = env_int("EXECGO_HSTS_SECONDS", 365 * 24 * 3600 if EXECGO_HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("EXECGO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("EXECGO_HSTS_PRELOAD", False)
+_proxy_ssl_header = env_str("EXECGO_PROXY_SSL_HEADER", "")
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
 CSRF_FAILURE_VIEW = "django.views.csrf.csrf_failure"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -9,6 +9,7 @@ class RunsConfig(AppConfig):
         # the kernel sends them by name (runs.dispatch), and a process with
         # CELERY_TASK_ALWAYS_EAGER runs a task inline only if it has it.
         from django.contrib import admin
+        from django.db.backends.signals import connection_created
 
         from runs import tasks  # noqa: F401
         from runs.admin_scope import scope_site
@@ -16,3 +17,9 @@ class RunsConfig(AppConfig):
         # The admin's own ready() has run (it comes first in INSTALLED_APPS)
         # and imported every app's admin module: close what nobody scoped.
         scope_site(admin.site)
+
+        from runs.audit import install_sqlite_guard
+
+        # The SQLite trigger on AuditLog asks the connection whether a delete
+        # is allowed: every connection gets the function it calls.
+        connection_created.connect(install_sqlite_guard, dispatch_uid="execgo-audit-sqlite-guard")

@@ -271,6 +271,9 @@ def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
     profile, network, filesystem = plan.get("profile"), plan.get("network"), plan.get("filesystem")
     if profile == "linux_sandbox":
         checks.append(_check("profile", profile, RiskLevel.LOW, "sandboxed (bubblewrap)"))
+    elif profile == "process" and plan.get("namespaces"):
+        checks.append(_check("profile", profile, RiskLevel.LOW,
+                             "contained by the shim's own mount and network namespaces"))
     else:
         checks.append(_check("profile", profile, RiskLevel.HIGH,
                              "not sandboxed: the command runs on the host with only rlimits around it"))
@@ -291,7 +294,10 @@ def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
         checks.append(_check("uid", uid, RiskLevel.HIGH, "runs as root" if uid == 0 else
                              "runs as the worker's own uid, which is root"))
     else:
-        checks.append(_check("uid", uid, RiskLevel.LOW, f"runs as uid {uid}" if uid is not None else
+        # The value is "own" rather than the number: each step has its own, and the reasons stay the same
+        # from a dry run to the policy check.
+        checks.append(_check("uid", "own" if uid is not None else "worker", RiskLevel.LOW,
+                             "runs as a uid of its own" if uid is not None else
                              "runs as the worker's own (non-root) uid"))
     limits = plan.get("limits") if isinstance(plan.get("limits"), dict) else {}
     if limits.get("processes") is None:

@@ -44,6 +44,18 @@ def seeded_policy(db):
 
 
 @pytest.fixture
+def echo_pip_install_is_high(db):
+    """A harmless command the policy rates high: the approval tests submit
+    ``echo pip install …``, which must wait for a human yet do nothing when
+    run (the parsed command is ``echo``, which the seeded rules rate low)."""
+    from runs.models import PolicyRule
+    from runs.policy import policy_rule_save
+
+    policy_rule_save(PolicyRule(name="test-echo-pip-install", tool="shell", field="words", pattern=r"^echo pip install",
+                                outcome="high", reason="stands for a package install in tests", priority=1))
+
+
+@pytest.fixture
 def tenant(db):
     return Tenant.objects.create(name="acme")
 

@@ -40,7 +40,7 @@ def test_a_contained_plan_starts_low(network):
     assert baseline["risk"] == "low"
     assert raised(baseline) == {}
     assert baseline_reasons(baseline) == [
-        f"baseline low: profile linux_sandbox, network {network}, filesystem workspace, uid 65534, "
+        f"baseline low: profile linux_sandbox, network {network}, filesystem workspace, uid own, "
         "limits.processes 64"]
 
 

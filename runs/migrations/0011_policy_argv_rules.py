@@ -193,7 +193,7 @@ def unseed_word_rules(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("runs", "0009_run_idempotency_fingerprint_callbacks"),
+        ("runs", "0010_audit_hash_chain"),
     ]
 
     operations = [

@@ -5,6 +5,7 @@ webhooks (``webhooks``)."""
 from runs.models.policy import PolicyRule, PolicyVersion, RiskLevel
 from runs.models.records import (
     FINAL_AUDIT_EVENT,
+    AuditChainHead,
     AuditEvent,
     AuditLog,
     Event,
@@ -18,7 +19,7 @@ from runs.models.webhooks import WebhookDelivery, WebhookStatus
 
 __all__ = [
     "CALLBACK_EVENTS",
-    "FINAL_AUDIT_EVENT", "AuditEvent", "AuditLog", "Event", "EventType", "Job", "JobStatus", "Membership",
+    "FINAL_AUDIT_EVENT", "AuditChainHead", "AuditEvent", "AuditLog", "Event", "EventType", "Job", "JobStatus", "Membership",
     "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
     "Tenant", "Trace", "TraceKind", "WebhookDelivery", "WebhookStatus",
 ]

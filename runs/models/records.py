@@ -3,6 +3,7 @@ event outbox."""
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from runs.models.run import Run, Step, Tenant
 from runs.statemachine import RunState
@@ -96,7 +97,16 @@ class AuditLog(models.Model):
     """Append-only record of who did what. Rows about a run must outlive a
     rolled-back transaction, so ``run`` carries no database constraint (an
     ``invalid_transition`` row may be written from a second connection while
-    the run's own insert is still uncommitted)."""
+    the run's own insert is still uncommitted).
+
+    Tamper-evident: the rows of one tenant (and those of no tenant) form a
+    hash chain per ``chain_lane`` (0: rows committed with the caller's
+    transaction; 1: rows written independently of it, on the second
+    connection). ``chain_seq`` numbers a chain's rows 1, 2, …; ``row_hash``
+    is the SHA-256 of the canonical JSON of the row's content and
+    ``prev_hash``, the previous row's ``row_hash`` (``runs.audit_hash``).
+    ``AuditChainHead`` holds each chain's last link. The database refuses
+    UPDATE and DELETE of a row (triggers, migration 0010)."""
 
     run = models.ForeignKey(
         Run, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="audit_entries"
@@ -114,14 +124,46 @@ class AuditLog(models.Model):
     from_state = models.CharField(max_length=20, blank=True)
     to_state = models.CharField(max_length=20, blank=True)
     data = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Stamped by the writer before it hashes the row (auto_now_add would
+    # stamp it after, at the insert).
+    created_at = models.DateTimeField(default=timezone.now)
+    # Null only on a row written around runs.audit.audit: verification reports it.
+    chain_lane = models.PositiveSmallIntegerField(default=0)
+    chain_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    row_hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["event", "run"], name="audit_event_run")]
+        constraints = [
+            # A forked chain (two rows with one predecessor) cannot commit,
+            # whatever happened to the head's lock.
+            models.UniqueConstraint(fields=["tenant", "chain_lane", "chain_seq"], name="audit_chain_link"),
+            models.UniqueConstraint(fields=["chain_lane", "chain_seq"], condition=models.Q(tenant__isnull=True),
+                                    name="audit_chain_link_no_tenant"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.event} run={self.run_id}"
+
+
+class AuditChainHead(models.Model):
+    """The last link of one audit chain: a tenant's (``chain`` = the
+    tenant's id, 0 for rows of no tenant) in one ``lane``. The audit writer
+    locks this row for the rest of its transaction, so two writers of a
+    chain never chain onto the same predecessor."""
+
+    chain = models.BigIntegerField()
+    lane = models.PositiveSmallIntegerField(default=0)
+    seq = models.PositiveBigIntegerField(default=0)
+    last_hash = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["chain", "lane"], name="audit_chain_head")]
+
+    def __str__(self) -> str:
+        return f"audit chain {self.chain}/{self.lane} at {self.seq}"
 
 
 class EventType(models.TextChoices):

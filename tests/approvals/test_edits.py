@@ -19,7 +19,7 @@ def approver(tenant):
 
 
 @pytest.fixture
-def waiting(seeded_policy, tenant, agent, django_capture_on_commit_callbacks):
+def waiting(seeded_policy, echo_pip_install_is_high, tenant, agent, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):  # no worker here: nothing is sent
         run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["echo", "pip", "install", "all"])).run
         run_advance(run.pk)

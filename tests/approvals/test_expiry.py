@@ -12,7 +12,7 @@ from runs.models import AuditLog, Run, Step
 from runs.services import run_submit
 from tests.conftest import simple_plan, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
 RUNS = 50
 EXPIRY_S = 2

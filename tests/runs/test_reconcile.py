@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
+from runs.audit import audit
 from runs.models import AuditLog, Job, Run, Trace, TraceKind
 from runs.services import run_cancel, run_retry, run_submit
 from tests.conftest import ROOT, _worker_env, simple_plan
@@ -41,7 +42,7 @@ def closed_run(make_run):
         default_event = {"SUCCEEDED": "run_succeeded", "CLOSED_FAILED": "run_failed",
                          "CLOSED_REJECTED": "run_rejected", "CLOSED_CANCELLED": "run_cancelled"}[state]
         for event in (default_event,) if final_events is None else final_events:
-            AuditLog.objects.create(run=run, tenant=run.tenant, event=event, from_state="TRACING", to_state=state)
+            audit(event, run_id=run.pk, tenant_id=run.tenant_id, from_state="TRACING", to_state=state)
         default_status = "done" if state == "SUCCEEDED" else "failed"
         Job.objects.filter(pk=run.job_id).update(status=job_status or default_status)
         return run
@@ -138,7 +139,7 @@ def test_job_status_that_disagrees_with_its_latest_run(closed_run):
 def test_final_audit_event_of_a_run_that_is_not_final(make_run):
     run = make_run("EXECUTING")
     Job.objects.filter(pk=run.job_id).update(status="running")
-    AuditLog.objects.create(run=run, tenant=run.tenant, event="run_succeeded")
+    audit("run_succeeded", run_id=run.pk, tenant_id=run.tenant_id)
 
     assert reconcile() == (1, [
         "VIOLATION: 0 SUCCEEDED runs but 1 run_succeeded audit events",

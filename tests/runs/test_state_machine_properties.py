@@ -17,6 +17,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from runs.audit import erase_audit_log
 from runs.closing import run_close
 from runs.errors import ConflictError
 from runs.models import AuditLog, Event, Job, Run, Trace
@@ -298,7 +299,7 @@ class RunLifecycle(RuleBasedStateMachine):
 
     def teardown(self):
         Trace.objects.all().delete()
-        AuditLog.objects.all().delete()
+        erase_audit_log()
         Job.objects.update(latest_run=None)
         Run.objects.update(retry_of=None)
         Run.objects.all().delete()

@@ -11,7 +11,7 @@ from runs.models import Run
 from tests.conftest import token_client, wait_for_run, wait_until
 from tests.web.conftest import PASSWORD, log_in, screenshot
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
 # Rated high by the seeded policy (it names a package install) and harmless to run.
 HIGH_RISK_SCRIPT = "echo pip install --dry-run nothing"
