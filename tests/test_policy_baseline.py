@@ -95,7 +95,17 @@ def test_downgrades_are_listed_and_the_resulting_plan_is_what_is_rated():
 
 
 @pytest.mark.django_db
-def test_the_real_resolver_rates_an_unsandboxed_step_high_and_a_sandboxed_one_low(seeded_policy, tenant):
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    """A host whose worker cannot create namespaces (not root, or a container
+    without CAP_SYS_ADMIN): the process profile then reaches the host."""
+    real = capability_manifest()
+    monkeypatch.setattr("runtime.plan_resolver.capability_manifest",
+                        lambda: {**real, "namespaces": {"mount": False, "net": False}})
+
+
+def test_the_real_resolver_rates_an_unsandboxed_step_high_and_a_sandboxed_one_low(seeded_policy, tenant,
+                                                                                  no_namespaces):
     decision = policy_dry_run(tenant=tenant, plan={"steps": [
         {"id": "s0", "tool": "shell", "params": {"argv": ["echo", "hi"]}, "sandbox": {"profile": "process"}},
         {"id": "s1", "tool": "shell", "params": {"argv": ["echo", "hi"]}, "sandbox": SANDBOXED},
@@ -134,7 +144,7 @@ def test_a_plan_the_resolver_refuses_is_high():
 
 
 @pytest.mark.django_db
-def test_the_dry_run_api_shows_the_baseline_and_the_signals(api, seeded_policy):
+def test_the_dry_run_api_shows_the_baseline_and_the_signals(api, seeded_policy, no_namespaces):
     plan = {"steps": [
         {"id": "s0", "tool": "shell", "params": {"script": "P=echo; $P hi"}, "sandbox": SANDBOXED},
         {"id": "s1", "tool": "shell", "params": {"argv": ["echo", "hi"]}, "sandbox": {"profile": "process"}},
@@ -165,7 +175,8 @@ def test_the_dry_run_of_a_plan_over_the_budget_is_still_rated(seeded_policy, ten
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_step_with_host_reach_waits_for_a_human_and_the_pages_say_why(seeded_policy, tenant, agent, settings):
+def test_a_step_with_host_reach_waits_for_a_human_and_the_pages_say_why(seeded_policy, tenant, agent, settings,
+                                                                        no_namespaces):
     # Driven in this thread (the advance task runs inline at commit); the
     # run stops in AWAITING_HITL, so nothing executes.
     settings.CELERY_TASK_ALWAYS_EAGER = True

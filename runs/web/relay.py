@@ -20,6 +20,7 @@ and the cursor is a valid resume point for every consumer.
 """
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Iterator
@@ -113,7 +114,9 @@ class OutboxRelay:
         self._loop = loop
         self._wake = asyncio.Event()
         self.cursor = await database_sync_to_async(latest_event_id)()
-        self._task = loop.create_task(self._run(), name="execgo-outbox-relay")
+        # A fresh context: the tail outlives the request that started it, and
+        # must not log with that request's ids (structlog's contextvars).
+        self._task = loop.create_task(self._run(), name="execgo-outbox-relay", context=contextvars.Context())
 
     async def stop(self) -> None:
         if self._task is not None:

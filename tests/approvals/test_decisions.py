@@ -4,6 +4,7 @@ does, the voiding of an approval whose action or policy changed, the expiry
 (at the minute and by the sweeper), a cancel while waiting, and a real race of
 an approve against a reject (PostgreSQL)."""
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -28,13 +29,21 @@ from runs.dispatch import ADVANCE_RUN
 from runs.errors import ConflictError, DeniedError
 from runs.models import AuditLog, Job, PolicyRule, Run, Step, Trace
 from runs.pipeline import run_advance
-from runs.policy import NO_RULE_MATCHED, current_policy_version, policy_rule_save
+from runs.policy import (
+    baseline_reasons,
+    current_policy_version,
+    plan_baseline,
+    policy_rule_save,
+)
 from runs.services import run_cancel, run_submit
 from runs.sweeper import sweep_run
+from runtime.plan_resolver import resolve_plan
 from tests.conftest import make_user, open_approval, postgres_only, purge_broker
 
 pytestmark = pytest.mark.django_db
 
+# What a default shell step's plan starts from, as the policy words it.
+DEFAULT_BASELINE = baseline_reasons(plan_baseline(resolve_plan({}), worker_is_root=os.geteuid() == 0))[0]
 INSTALL_REASON = "shell-package-install: installs packages (changes the host, runs third-party install scripts)"
 PLAN = {"steps": [
     {"id": "prep", "tool": "shell", "params": {"argv": ["echo", "ready"]}},
@@ -141,8 +150,8 @@ def test_a_high_risk_run_opens_exactly_one_request_bound_to_its_action(awaiting)
     assert request.action_digest == action_digest(steps, request.policy_version)
     assert len(request.action_digest) == 64
     assert request.steps == [
-        {"action": normalised_action(steps[0]), "risk": "low", "reasons": [NO_RULE_MATCHED]},
-        {"action": normalised_action(steps[1]), "risk": "high", "reasons": [INSTALL_REASON]},
+        {"action": normalised_action(steps[0]), "risk": "low", "reasons": [DEFAULT_BASELINE]},
+        {"action": normalised_action(steps[1]), "risk": "high", "reasons": [DEFAULT_BASELINE, INSTALL_REASON]},
     ]
     # The action as an approver reads it: the exact argv of each shell step.
     assert [(row["action"]["id"], row["action"]["tool"], row["action"]["argv"], row["action"]["depends_on"])

@@ -3,6 +3,7 @@ budgets; the PolicyDecisionTrace; the seeded default policy (SPEC §5)."""
 
 import pytest
 from django.apps import apps
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db.migrations.recorder import MigrationRecorder
 
@@ -178,7 +179,7 @@ def test_a_step_no_rule_matches_is_low_and_says_so(seeded_policy, run_with):
     assert decision.data["matched_rules"] == []
     shell_row, file_row = decision.data["steps"]
     assert shell_row["reasons"] == ["baseline low: profile linux_sandbox, network none, filesystem "
-                                    "read_only_host_workspace_rw, uid 65534, limits.processes 64"]
+                                    "workspace, uid own, limits.processes 64"]
     assert shell_row["parsed"] == {"commands": ["echo hello"], "signals": []}
     assert file_row["reasons"] == ["no rule matched (default low)"]
     assert decision.error is None and decision.data["rejected_by"] is None
@@ -472,9 +473,10 @@ def test_trace_shape(seeded_policy, run_with):
     assert shell_row["baseline"]["risk"] == "low"
     assert [check["check"] for check in shell_row["baseline"]["checks"]] == [
         "profile", "network", "filesystem", "uid", "limits.processes"]
-    assert shell_row["baseline"]["plan"] == {"profile": "linux_sandbox", "network": "none",
-                                             "filesystem": "read_only_host_workspace_rw", "uid": 65534,
-                                             "processes": 64, "downgrades": 0}
+    plan = shell_row["baseline"]["plan"]
+    assert plan["uid"] >= settings.EXECGO_SANDBOX_UID  # the step's own
+    assert {**plan, "uid": "own"} == {"profile": "linux_sandbox", "network": "none", "filesystem": "workspace",
+                                      "uid": "own", "processes": 64, "downgrades": 0}
     assert shell_row["parsed"] == {"commands": ["apt-get install -y jq"], "signals": []}
     assert set(decision.data["budget"]) == {f"{prefix}{name}" for name in ("steps", "run_seconds", "cpu_seconds",
                                                                            "http_calls", "command_chars")

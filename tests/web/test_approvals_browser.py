@@ -46,7 +46,7 @@ def test_an_approver_sees_the_request_arrive_and_approves_it(page, celery_worker
 
     page.locator(f"#approval-{approval.pk} a").first.click()
     expect(page.locator("[data-step=install] pre.command")).to_have_text(HIGH_RISK_SCRIPT)
-    assert "installs packages" in page.locator("[data-step=install]").inner_text()
+    assert "stands for a package install in tests" in page.locator("[data-step=install]").inner_text()
     assert approval.action_digest in page.locator("main").inner_text()
     screenshot(page, "approval-request")
     page.get_by_role("button", name="Approve", exact=True).click()
