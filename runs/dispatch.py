@@ -20,6 +20,7 @@ ADVANCE_RUN = "runs.tasks.advance_run"
 EXECUTE_STEP = "runs.tasks.execute_step"
 SETTLE_RUN = "runs.tasks.settle_run"
 REATTACH_STEP = "runs.tasks.reattach_step"
+HEAL_HOST = "runs.tasks.heal_host"
 EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
 
 
@@ -46,11 +47,12 @@ class Claim:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
 
 
-def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None, eta=None) -> None:
+def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None, eta=None,
+          expires: float | None = None) -> None:
     # A signature resolves to the registered task where this process has it
     # (so CELERY_TASK_ALWAYS_EAGER runs it inline) and is sent by name otherwise.
     transaction.on_commit(lambda: current_app.signature(task, args=args).apply_async(queue=queue, countdown=countdown,
-                                                                                      eta=eta))
+                                                                                      eta=eta, expires=expires))
 
 
 def enqueue_advance(run_id: int) -> None:
@@ -73,3 +75,10 @@ def enqueue_approval_expiry(request_id: int, *, eta) -> None:
 
 def enqueue_reattach(step: Step, host: str) -> None:
     _send(REATTACH_STEP, (step.pk, step.attempt), queue=host_queue(host))
+
+
+def enqueue_heal(host: str, *, expires: float | None = None) -> None:
+    """A ledger heal on ``host`` (its pids mean something only there). With
+    ``expires``, a heal no worker of that host took in time is dropped: the
+    next one is on its way, and a gone host's queue does not fill up."""
+    _send(HEAL_HOST, (), queue=host_queue(host), expires=expires)

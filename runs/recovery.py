@@ -6,6 +6,9 @@ pick up what a dead worker left behind (SPEC §8).
   step with an ``internal`` error;
 - an accepted attempt whose message may have died with the worker is
   delivered again (the claim makes a duplicate harmless).
+
+A pool process that dies while its worker lives is healed without a
+restart (``runs.healing``); ``hosts_to_heal`` names the hosts beat asks.
 """
 
 import logging
@@ -16,6 +19,7 @@ from runs.models import Step, StepRunStatus
 from runs.statemachine import RunState
 from runtime import attach, ledger
 from runtime.capabilities import capability_manifest
+from runtime.models import HostCapacity
 
 logger = logging.getLogger(__name__)
 
@@ -35,3 +39,8 @@ def host_recover(host: str | None = None) -> dict:
     summary = {"host": host, "reattached": [s.pk for s in running], "redelivered": [s.pk for s in queued]}
     logger.info("recovery on %s: %s", host, summary)
     return summary
+
+
+def hosts_to_heal() -> list[str]:
+    """Every host with a ledger row (a heal sent to a host nobody serves expires unread)."""
+    return list(HostCapacity.objects.values_list("host", flat=True))
