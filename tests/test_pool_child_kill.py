@@ -186,3 +186,53 @@ def test_ten_pool_process_kills_mid_step_on_a_two_slot_worker(agent):
     # A killed process's step was re-attached and ran on: most runs succeed.
     assert outcome.get("SUCCEEDED", 0) >= len(runs) * 0.9, [describe(run) for run in runs if run.state != "SUCCEEDED"]
     call_command("execgo_reconcile")  # raises SystemExit(1) on a violation
+
+
+def test_a_host_full_of_live_reservations_never_blocks_the_pool(api):
+    """Every slot held by a live process that never gives it back: the
+    attempt goes back to the queue again and again (visibly), the pool stays
+    free to run the run's deadline timer, the run ends at its deadline, and
+    SIGTERM stops the worker at once (before, both pool processes slept in
+    the ledger with no bound and the stop hung)."""
+    from runtime import ledger
+
+    purge_broker()
+    host = "full-host"
+    env = {"EXECGO_HOST_NAME": host, "EXECGO_TASK_SLOTS": "1", "EXECGO_LEDGER_WAIT_S": "0.5",
+           "EXECGO_LEDGER_REQUEUE_S": "0.5"}
+    worker = WorkerProcess(hostname="full", concurrency=2, env=env)
+    try:
+        worker.start()
+        wait_until(lambda: HostCapacity.objects.filter(host=host).exists(), what="full-host's ledger row")
+        time.sleep(1)  # past the worker's recovery, which rebuilds the ledger
+        assert ledger.reserve(host, "h-squatter")  # this test process: alive, never releases
+        plan = {"steps": [{"id": "a", "tool": "shell", "params": {"argv": ["true"]}}]}
+        response = api.post("/api/v1/runs", {"title": "full", "plan": plan, "timeout_s": 5}, format="json")
+        assert response.status_code == 201, response.content
+        run_id = response.json()["id"]
+
+        wait_until(lambda: Run.objects.get(pk=run_id).state in FINAL, timeout=60, what="the run final")
+
+        run = Run.objects.get(pk=run_id)
+        assert (run.state, run.closing_cause) == ("CLOSED_FAILED", "run_timeout")
+        assert run.finished_at - run.deadline < timedelta(seconds=15)  # generous: the timer fires at the deadline
+        requeued = Event.objects.filter(run_id=run_id, type="task_progressed", data__requeued=True).count()
+        assert requeued >= 2
+        step = Step.objects.get(run_id=run_id)
+        assert step.run_status == "cancelled" and step.started_at is None
+        assert list(Reservation.objects.filter(host_id=host).values_list("handle_id", flat=True)) == ["h-squatter"]
+
+        stopping = time.monotonic()
+        os.kill(worker.proc.pid, signal.SIGTERM)
+        try:
+            assert worker.proc.wait(timeout=STOP_GRACE_S) == 0
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not stop within {STOP_GRACE_S}s of SIGTERM{log_tails(worker)}")
+        print(f"\nfull host: {requeued} re-queues before the deadline; SIGTERM to exit "
+              f"{time.monotonic() - stopping:.1f}s")
+    except (AssertionError, pytest.fail.Exception) as exc:
+        raise AssertionError(f"{exc}{log_tails(worker)}") from exc
+    finally:
+        worker.stop()
+        ledger.release("h-squatter")
+        purge_broker()
