@@ -1,7 +1,14 @@
 """Celery tasks: ids in, re-fetch, call one service. Each is safe to deliver
 twice: the services re-read the rows and claim work by compare-and-swap.
 The kernel sends them by name (``runs.dispatch``) and never imports this
-module, which sits on top of it."""
+module, which sits on top of it.
+
+The harness's tasks go back to their queue when the pool process running
+them dies (``reject_on_worker_lost``): with ``acks_late`` alone Celery
+acknowledges such a message, and it also loses the one the dead process had
+been handed but not started. A re-delivery is harmless for the same reason
+a duplicate is, and cannot loop on a step that kills its process: a step
+runs in its shim, outside the pool process."""
 
 import logging
 
@@ -21,17 +28,17 @@ from runs.sweeper import sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def advance_run(run_id: int) -> None:
     execute_claims(run_advance(run_id))
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_step(step_pk: int, attempt: int) -> None:
     execute_claims(step_execute(step_pk, attempt))
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def settle_run(run_id: int) -> None:
     execute_claims(run_settle(run_id, claim_one=True))
 
@@ -58,7 +65,7 @@ def heal_host() -> None:
     ledger_heal()
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def reattach_step(step_pk: int, attempt: int) -> None:
     execute_claims(step_reattach(step_pk, attempt))
 

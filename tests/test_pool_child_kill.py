@@ -165,19 +165,23 @@ def test_ten_pool_process_kills_mid_step_on_a_two_slot_worker(agent):
     runs = list(Run.objects.filter(pk__in=run_ids))
     outcome = {state: sum(1 for run in runs if run.state == state) for state in {run.state for run in runs}}
     late = max((run.finished_at - (run.deadline or run.created_at)).total_seconds() for run in runs)
-    print(f"\n{len(runs)} runs, {len(killed)} pool processes killed: {outcome}; "
+    reclaims = AuditLog.objects.filter(event="reservation_reclaimed").count()
+    print(f"\n{len(runs)} runs, {len(killed)} pool processes killed, {reclaims} reservations reclaimed: {outcome}; "
           f"latest end vs deadline {late:+.1f}s; SIGTERM to exit {stop_s:.1f}s")
 
     assert all(run.state in FINAL for run in runs)
     for run in runs:  # every run final within its deadline + 60 s
         assert run.finished_at <= (run.deadline or run.created_at + timedelta(seconds=RUN_TIMEOUT_S)) + timedelta(
             seconds=60), run
-    # The ledger at zero, and each dead process's slot was given back and audited.
+    # The ledger at zero; only dead processes' slots were reclaimed (each audited), most of the
+    # killed ones' so (a killed re-attachment's slot is adopted by its re-delivery instead,
+    # and a victim may have released its slot between being picked and killed).
     capacity = HostCapacity.objects.get(host=HOST)
     assert (capacity.task_slots_reserved, capacity.memory_bytes_reserved, capacity.pids_reserved) == (0, 0, 0)
     reclaimed_owners = set(AuditLog.objects.filter(event="reservation_reclaimed").values_list("data__owner_pid",
                                                                                              flat=True))
-    assert set(killed) <= reclaimed_owners
+    assert reclaimed_owners <= set(killed)
+    assert len(reclaimed_owners) >= KILLS // 2, (reclaimed_owners, killed)
     # No step ran twice: at most one launched attempt per step, exactly one for a step that succeeded.
     for step in Step.objects.filter(run_id__in=run_ids):
         assert launched_attempts(step) <= 1, step
