@@ -247,3 +247,21 @@ def test_a_run_whose_process_died_closing_it_is_closed_by_the_heal(host, make_ru
     assert AuditLog.objects.get(event="reservation_reclaimed").data["then"] == "closed"
     assert AuditLog.objects.filter(run_id=run.pk, event="run_succeeded").count() == 1
     assert slots_reserved(host) == 0
+
+
+def test_a_step_asking_for_more_than_the_host_has_is_refused_not_requeued_for_ever(host, make_run):
+    """An agent cannot park an attempt in the queue (or a pool process in
+    the ledger) by asking for more memory than the host will ever have."""
+    step = a_step(make_run, run_status=StepRunStatus.ACCEPTED)
+    Step.objects.filter(pk=step.pk).update(requested_plan={"limits": {"address_space_bytes": 2**40}})
+
+    assert step_execute(step.pk, 1) is None
+
+    step.refresh_from_db()
+    assert (step.status, step.run_status) == (StepStatus.FAILED, StepRunStatus.FAILED)
+    assert step.result["error"]["code"] == "invalid_input"
+    assert step.result["error"]["retryable"] is False
+    assert "exceeds the capacity" in step.result["error"]["message"]
+    assert not Event.objects.filter(run_id=step.run_id, type=EventType.TASK_PROGRESSED).exists()
+    assert queued("celery") == []
+    assert slots_reserved(host) == 0
