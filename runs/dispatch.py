@@ -64,8 +64,8 @@ def enqueue_claims(claims: list[Claim], *, countdown: float = 0) -> None:
         _send(EXECUTE_STEP, (claim.step_pk, claim.attempt), queue=claim.queue, countdown=countdown or None)
 
 
-def enqueue_settle(run_id: int, *, countdown: float | None = None) -> None:
-    _send(SETTLE_RUN, (run_id,), countdown=countdown)
+def enqueue_settle(run_id: int, *, countdown: float | None = None, expires: float | None = None) -> None:
+    _send(SETTLE_RUN, (run_id,), countdown=countdown, expires=expires)
 
 
 def enqueue_approval_expiry(request_id: int, *, eta) -> None:

@@ -69,7 +69,10 @@ def executing_started(run: Run) -> None:
     """Arm the harness's own run timer: a settle at the deadline fires
     TIMEOUT even when no step ever finishes (the sweeper is the fallback)."""
     remaining = max((run.deadline - timezone.now()).total_seconds(), 0)
-    enqueue_settle(run.pk, countdown=remaining + 0.5)
+    # Expires: a timer parked in a dead worker's unacked set comes back
+    # hours later (Redis' visibility timeout) and is then dropped unrun; the
+    # deadline scan (runs.deadlines) has long enforced the deadline by then.
+    enqueue_settle(run.pk, countdown=remaining + 0.5, expires=remaining + 60)
 
 
 # What settle reads of every step of the run, each time: results and

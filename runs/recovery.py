@@ -12,6 +12,9 @@ restart (``runs.healing``); ``hosts_to_heal`` names the hosts beat asks.
 """
 
 import logging
+from datetime import timedelta
+
+from django.utils import timezone
 
 from runs.dataplane import current_host, queue_for
 from runs.dispatch import Claim, enqueue_claims, enqueue_reattach
@@ -41,6 +44,12 @@ def host_recover(host: str | None = None) -> dict:
     return summary
 
 
+# A host not seen for this long (no worker start, no heal) gets no heal
+# messages: a Redis queue nobody consumes would only fill up with them.
+HOST_GONE_AFTER = timedelta(hours=1)
+
+
 def hosts_to_heal() -> list[str]:
-    """Every host with a ledger row (a heal sent to a host nobody serves expires unread)."""
-    return list(HostCapacity.objects.values_list("host", flat=True))
+    """The hosts seen lately (each heal refreshes its host's ``last_seen``)."""
+    return list(HostCapacity.objects.filter(last_seen__gte=timezone.now() - HOST_GONE_AFTER)
+                .values_list("host", flat=True))

@@ -184,6 +184,8 @@ def reclaim(host: str | None = None, *, in_flight: Callable[[Iterable[str]], set
     something only on the host it was read on.
     """
     host = host or host_name()
+    # A heal runs on the host it judges: it also says the host is alive.
+    HostCapacity.objects.filter(host=host).update(last_seen=timezone.now())
     rows = list(Reservation.objects.filter(host_id=host))
     unowned_before = timezone.now() - timedelta(seconds=unowned_after_s)
     unowned = [row for row in rows if row.owner_pid is None and row.reserved_at < unowned_before]

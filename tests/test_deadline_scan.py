@@ -122,6 +122,20 @@ def test_a_run_before_its_deadline_and_runs_in_other_states_are_left_alone(make_
     assert Run.objects.get(pk=waiting.pk).state == "AWAITING_HITL"
 
 
+def test_the_run_timer_expires_so_a_parked_copy_is_dropped_when_it_comes_back(make_run):
+    from runs.execution import executing_started
+    from tests.test_ledger_heal import queued
+
+    purge_broker()
+    run = make_run("EXECUTING", previous_state="POLICY_CHECK", timeout_s=30)
+    executing_started(run)
+
+    [timer] = queued("celery")
+    assert (timer["task"], timer["args"]) == ("runs.tasks.settle_run", [run.pk])
+    assert timer["eta"] is not None and timer["expires"] is not None
+    assert timer["eta"] < timer["expires"]
+
+
 def test_the_scan_is_on_beats_schedule():
     entry = settings.CELERY_BEAT_SCHEDULE["scan-run-deadlines"]
     assert entry["task"] == "runs.tasks.scan_run_deadlines"

@@ -16,6 +16,8 @@ from runs.dataplane import current_host, host_queue, new_handle_id
 from runs.execution import step_execute
 from runs.healing import ledger_heal
 from runs.models import AuditLog, Event, EventType, Step, StepRunStatus, StepStatus
+from runs.recovery import hosts_to_heal
+from runs.tasks import heal_ledgers
 from runtime import ledger
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import ROOT, _worker_env, purge_broker, wait_until
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def queued(queue: str) -> list[dict]:
-    """Take every message waiting in ``queue``: task name, args, eta."""
+    """Take every message waiting in ``queue``: task name, args, eta, expiry."""
     from execgo.celery import app
 
     messages = []
@@ -38,7 +40,7 @@ def queued(queue: str) -> list[dict]:
                 except simple.Empty:
                     break
                 messages.append({"task": message.headers.get("task"), "args": message.payload[0],
-                                 "eta": message.headers.get("eta")})
+                                 "eta": message.headers.get("eta"), "expires": message.headers.get("expires")})
         finally:
             simple.close()
     return messages
@@ -265,3 +267,17 @@ def test_a_step_asking_for_more_than_the_host_has_is_refused_not_requeued_for_ev
     assert not Event.objects.filter(run_id=step.run_id, type=EventType.TASK_PROGRESSED).exists()
     assert queued("celery") == []
     assert slots_reserved(host) == 0
+
+
+def test_beat_heals_the_hosts_seen_lately_and_a_heal_says_its_host_is_alive(host):
+    gone = ledger.host_register("gone-host", task_slots=1, memory_bytes=2**30, pids=10)
+    HostCapacity.objects.filter(host__in=[host, gone.host]).update(last_seen=gone.last_seen.replace(year=2000))
+
+    ledger_heal()  # on this host
+
+    assert HostCapacity.objects.get(host=host).last_seen.year > 2000
+    assert hosts_to_heal() == [host]
+    heal_ledgers()
+    [message] = queued(host_queue(host))
+    assert message["task"] == "runs.tasks.heal_host" and message["expires"] is not None
+    assert queued(host_queue("gone-host")) == []
