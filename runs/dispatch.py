@@ -32,8 +32,9 @@ class Claim:
     attempt: int
     queue: str = DEFAULT_QUEUE
     # Set when settle already started the attempt for this worker (the
-    # common case of a sequential plan): the step as written, and whether
-    # the finished step's ledger reservation was handed over to it.
+    # common case of a sequential plan), its slot already held: the step as
+    # written, and whether that slot is the finished step's, handed over
+    # (else the finished step's is still to be given back).
     started: Step | None = field(default=None, compare=False)
     reserved: bool = False
     # The run's steps as that settle saw them, when the started attempt is

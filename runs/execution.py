@@ -223,20 +223,20 @@ def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
                             {"attempt": step.attempt})
 
 
-def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False,
-                 steps: list[Step] | None = None, spare: ShimLink | None = None) -> Claim | None:
+def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, steps: list[Step] | None = None,
+                 spare: ShimLink | None = None) -> Claim | None:
     """Run one attempt of a step to its end on this host; return the next
     step attempt this worker should run itself, if any. ``started``,
     ``reserved``, ``steps`` and ``spare`` come from the claim settle made
     for this worker (see ``Claim``)."""
     try:
-        return _step_execute(step_pk, attempt, started=started, reserved=reserved, steps=steps, spare=spare)
+        return _step_execute(step_pk, attempt, started=started, steps=steps, spare=spare)
     finally:
         if spare is not None:
             spare.close()  # spent by the step, or unused: a spare exits when its link closes
 
 
-def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved: bool, steps: list[Step] | None,
+def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: list[Step] | None,
                   spare: ShimLink | None) -> Claim | None:
     plan_error = None
     if started is None:
@@ -252,18 +252,25 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved:
             held, plan_error = _hold_slot(step, attempt)
             if not held and plan_error is None:
                 return None  # back in the queue
-        with transaction.atomic():
-            claim = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING, "started_at": timezone.now(),
-                     "host": current_host(), "effective_plan": step.effective_plan}
-            if not Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.ACCEPTED).update(**claim):
-                # Lost the claim to a duplicate delivery or a cancel: give back
-                # only a slot this process took (never the winner's).
-                transaction.on_commit(lambda: release_reservation(step.handle_id, only_mine=True))
-                return None
-            for name, value in claim.items():
-                setattr(step, name, value)
-            emit_step_event(step.run_id, step, EventType.TASK_STARTED, "started",
-                            {"attempt": attempt, "host": step.host, "plan": step.effective_plan})
+        try:
+            with transaction.atomic():
+                claim = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING,
+                         "started_at": timezone.now(), "host": current_host(), "effective_plan": step.effective_plan}
+                claimed = Step.objects.filter(pk=step_pk, attempt=attempt,
+                                              run_status=StepRunStatus.ACCEPTED).update(**claim)
+                if claimed:
+                    for name, value in claim.items():
+                        setattr(step, name, value)
+                    emit_step_event(step.run_id, step, EventType.TASK_STARTED, "started",
+                                    {"attempt": attempt, "host": step.host, "plan": step.effective_plan})
+        except BaseException:
+            release_reservation(step.handle_id, only_mine=True)
+            raise
+        if not claimed:
+            # Lost the claim to a duplicate delivery or a cancel: give back
+            # only a slot this process took (never the winner's).
+            release_reservation(step.handle_id, only_mine=True)
+            return None
     else:
         step = started
     run = step.run
@@ -446,6 +453,6 @@ def _progress(run_id: int, step: Step, attempt: int, percent: int, message: str)
 def execute_claims(claim: Claim | None) -> None:
     """Run a chain of in-process claims until settle hands back none."""
     while claim is not None:
-        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, reserved=claim.reserved,
-                             steps=claim.steps, spare=claim.spare)
+        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, steps=claim.steps,
+                             spare=claim.spare)
 
