@@ -207,8 +207,8 @@ def test_a_host_full_of_live_reservations_never_blocks_the_pool(api):
     worker = WorkerProcess(hostname="full", concurrency=2, env=env)
     try:
         worker.start()
-        wait_until(lambda: HostCapacity.objects.filter(host=host).exists(), what="full-host's ledger row")
-        time.sleep(1)  # past the worker's recovery, which rebuilds the ledger
+        # Past the worker's recovery, which rebuilds the ledger from the steps running on it.
+        wait_until(lambda: b"recovery on full-host" in worker.log_path.read_bytes(), what="the worker's recovery")
         assert ledger.reserve(host, "h-squatter")  # this test process: alive, never releases
         plan = {"steps": [{"id": "a", "tool": "shell", "params": {"argv": ["true"]}}]}
         response = api.post("/api/v1/runs", {"title": "full", "plan": plan, "timeout_s": 5}, format="json")
