@@ -238,7 +238,7 @@ def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, ste
 
 def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: list[Step] | None,
                   spare: ShimLink | None) -> Claim | None:
-    plan_error = None
+    plan_error, held = None, started is not None  # a started claim holds its slot (``_dispatch``)
     if started is None:
         step = Step.objects.select_related("run").filter(pk=step_pk, attempt=attempt,
                                                          run_status=StepRunStatus.ACCEPTED).first()
@@ -252,6 +252,7 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: li
             held, plan_error = _hold_slot(step, attempt)
             if not held and plan_error is None:
                 return None  # back in the queue
+        # Not held otherwise: the attempt is claimed to be ended unstarted below.
         try:
             with transaction.atomic():
                 claim = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING,
@@ -280,6 +281,10 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: li
         elif run.state != S.EXECUTING:
             result = unstarted_result(step, attempt, step.started_at,
                                       error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
+        elif not held:  # the run's deadline passed before the attempt got a slot: nothing runs without one
+            result = unstarted_result(step, attempt, step.started_at,
+                                      error_envelope(ErrorCode.TIMEOUT, "the run's deadline passed before the step "
+                                                     "started", source="scheduler"))
         else:
             remaining = (run.deadline - timezone.now()).total_seconds()
             result = run_tool(

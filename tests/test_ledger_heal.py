@@ -15,10 +15,10 @@ from django.conf import settings
 from runs.dataplane import current_host, host_queue, new_handle_id
 from runs.execution import step_execute
 from runs.healing import ledger_heal
-from runs.models import AuditLog, Event, EventType, Step, StepRunStatus, StepStatus
+from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus
 from runs.recovery import hosts_to_heal
 from runs.tasks import heal_ledgers
-from runtime import ledger
+from runtime import layout, ledger
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import ROOT, _worker_env, purge_broker, wait_until
 from tests.runs.conftest import start_attempt
@@ -73,6 +73,10 @@ def reserve_in_another_process(host: str, handle_id: str) -> int:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     return Reservation.objects.get(handle_id=handle_id).owner_pid
+
+
+def launched(step: Step) -> bool:
+    return (layout.task_dir(step.handle_id) / "shim.json").exists()
 
 
 def slots_reserved(host: str) -> int:
@@ -281,3 +285,18 @@ def test_beat_heals_the_hosts_seen_lately_and_a_heal_says_its_host_is_alive(host
     [message] = queued(host_queue(host))
     assert message["task"] == "runs.tasks.heal_host" and message["expires"] is not None
     assert queued(host_queue("gone-host")) == []
+
+
+def test_an_attempt_delivered_after_the_deadline_never_runs_without_a_slot(host, make_run):
+    assert ledger.reserve(host, "h-busy-1") and ledger.reserve(host, "h-busy-2")  # the host is full
+    step = a_step(make_run, run_status=StepRunStatus.ACCEPTED)
+    Run.objects.filter(pk=step.run_id).update(executing_started_at=step.run.executing_started_at.replace(year=2000))
+
+    step_execute(step.pk, 1)
+
+    step.refresh_from_db()
+    assert (step.status, step.run_status) == (StepStatus.FAILED, StepRunStatus.FAILED)
+    assert step.result["error"]["code"] == "timeout"
+    assert "deadline passed before the step started" in step.result["error"]["message"]
+    assert launched(step) is False
+    assert slots_reserved(host) == 2
