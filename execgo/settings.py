@@ -233,6 +233,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+EXECGO_DEADLINE_SCAN_INTERVAL_S = env_float("EXECGO_DEADLINE_SCAN_INTERVAL_S", 2.0)
+EXECGO_LEDGER_HEAL_INTERVAL_S = env_float("EXECGO_LEDGER_HEAL_INTERVAL_S", 5.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-zombie-runs": {
         "task": "runs.tasks.sweep_zombie_runs",
@@ -241,6 +243,17 @@ CELERY_BEAT_SCHEDULE = {
     "purge-expired-run-artifacts": {
         "task": "runs.tasks.purge_expired_run_artifacts",
         "schedule": float(env_int("EXECGO_GC_INTERVAL_S", 3600)),
+    },
+    # Closes a run whose deadline passed when its timer (an ETA message)
+    # was lost or is parked in a dead worker's unacked set.
+    "scan-run-deadlines": {
+        "task": "runs.tasks.scan_run_deadlines",
+        "schedule": EXECGO_DEADLINE_SCAN_INTERVAL_S,
+    },
+    # Gives back the reservations of pool processes that died mid-step.
+    "heal-ledgers": {
+        "task": "runs.tasks.heal_ledgers",
+        "schedule": EXECGO_LEDGER_HEAL_INTERVAL_S,
     },
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
@@ -279,6 +292,16 @@ EXECGO_HOST_NAME = env_str("EXECGO_HOST_NAME", "")  # empty: the machine's hostn
 EXECGO_TASK_SLOTS = env_int("EXECGO_TASK_SLOTS", 0)  # 0: one per CPU
 EXECGO_MEMORY_BYTES = env_int("EXECGO_MEMORY_BYTES", 0)  # 0: the machine's memory
 EXECGO_PIDS_CAPACITY = env_int("EXECGO_PIDS_CAPACITY", 4096)
+# A step waits this long in its worker process for a free slot, then goes
+# back to the queue with a countdown of about EXECGO_LEDGER_REQUEUE_S.
+EXECGO_LEDGER_WAIT_S = env_float("EXECGO_LEDGER_WAIT_S", 1.0)
+EXECGO_LEDGER_REQUEUE_S = env_float("EXECGO_LEDGER_REQUEUE_S", 0.5)
+# An attempt that failed before anything ran (claimed, never started) is
+# retried up to this many times beyond the step's own retries.
+EXECGO_UNSTARTED_RETRIES = env_int("EXECGO_UNSTARTED_RETRIES", 2)
+# Past a run's deadline by this much with a step still in flight, the
+# deadline scan ends the run without waiting for that step's executor.
+EXECGO_DEADLINE_GRACE_S = env_float("EXECGO_DEADLINE_GRACE_S", 3.0)
 EXECGO_SANDBOX_MODE = env_str("EXECGO_SANDBOX_MODE", "adaptive")  # strict | adaptive, when a step says neither
 if EXECGO_SANDBOX_MODE not in {"strict", "adaptive"}:
     raise ImproperlyConfigured(f"EXECGO_SANDBOX_MODE must be strict or adaptive, got {EXECGO_SANDBOX_MODE!r}")

@@ -70,6 +70,23 @@ def _reserve(host: str, handle_id: str, amounts: dict) -> bool:
     return False
 
 
+def reserve_slot(step: Step) -> bool:
+    """Reserve the step's slot on this host if one is free now (never waits)."""
+    return _reserve(current_host(), step.handle_id, reservation_amounts(step))
+
+
+def wait_for_slot(step: Step) -> None:
+    """Wait at most EXECGO_LEDGER_WAIT_S for the step's slot; raises a
+    retryable ``timeout`` EnvelopeError then (the caller re-queues), or
+    ``invalid_input`` when the step can never fit this host."""
+    ledger.wait_for_reservation(current_host(), step.handle_id, **reservation_amounts(step))
+
+
+def reclaim_reservations(in_flight: Callable) -> list[dict]:
+    """This host's reservations whose worker process is gone, given back."""
+    return ledger.reclaim(current_host(), in_flight=in_flight)
+
+
 def reservation_amounts(step: Step) -> dict:
     limits = (step.effective_plan or {}).get("limits") or {}
     return {"slots": 1, "memory_bytes": int(limits.get("address_space_bytes") or 0),
@@ -81,8 +98,8 @@ def hand_over_reservation(from_handle: str, step: Step) -> bool:
     return ledger.transfer(from_handle, step.handle_id, host=current_host(), **reservation_amounts(step))
 
 
-def release_reservation(handle_id: str) -> None:
-    ledger.release(handle_id)
+def release_reservation(handle_id: str, *, only_mine: bool = False) -> None:
+    ledger.release(handle_id, only_mine=only_mine)
 
 
 def warm_shim(step: Step) -> ShimLink | None:
@@ -91,18 +108,11 @@ def warm_shim(step: Step) -> ShimLink | None:
     return launcher.warm_shim(step.effective_plan or {})
 
 
-def run_tool(step: Step, *, attempt: int, timeout_s: float, reserved: bool, cancel_requested: Callable[[], bool],
-             on_progress: Callable[[int, str], None], on_wait: Callable[[], None],
-             spare: ShimLink | None = None) -> dict:
-    """Reserve a slot on this host unless the step already holds one
-    (waiting, not failing, when there is none) and execute (in ``spare``,
-    a ``warm_shim``, when it fits). The caller releases the reservation
-    once the result is recorded."""
-    if not reserved:
-        host, amounts = current_host(), reservation_amounts(step)
-        if not _reserve(host, step.handle_id, amounts):
-            on_wait()
-            ledger.wait_for_reservation(host, step.handle_id, **amounts)
+def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Callable[[], bool],
+             on_progress: Callable[[int, str], None], spare: ShimLink | None = None) -> dict:
+    """Execute a step that holds its slot on this host (in ``spare``, a
+    ``warm_shim``, when it fits). The caller reserved the slot before
+    claiming the attempt and releases it once the result is recorded."""
     return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
                             attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
                             on_progress=on_progress, spare=spare)
@@ -123,12 +133,12 @@ def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: C
     """Wait for a shim a previous worker started; a shim that is gone
     without a result yields an ``internal`` error envelope. So does an
     attempt whose worker died between claiming and preparing it (retryable:
-    nothing ran)."""
+    nothing ran, and said so in ``details.started``)."""
     try:
         return attach.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
     except EnvelopeError as exc:
         error = error_envelope("internal", f"the attempt was claimed but never started: {exc.envelope['message']}",
-                               retryable=True, details={"handle_id": step.handle_id})
+                               retryable=True, details={"handle_id": step.handle_id, "started": False})
         started = step.started_at.timestamp() if step.started_at else time.time()
         return failed_result(step.handle_id, error, attempt=step.attempt, started_at=started)
 

@@ -20,6 +20,7 @@ ADVANCE_RUN = "runs.tasks.advance_run"
 EXECUTE_STEP = "runs.tasks.execute_step"
 SETTLE_RUN = "runs.tasks.settle_run"
 REATTACH_STEP = "runs.tasks.reattach_step"
+HEAL_HOST = "runs.tasks.heal_host"
 EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
 
 
@@ -31,8 +32,9 @@ class Claim:
     attempt: int
     queue: str = DEFAULT_QUEUE
     # Set when settle already started the attempt for this worker (the
-    # common case of a sequential plan): the step as written, and whether
-    # the finished step's ledger reservation was handed over to it.
+    # common case of a sequential plan), its slot already held: the step as
+    # written, and whether that slot is the finished step's, handed over
+    # (else the finished step's is still to be given back).
     started: Step | None = field(default=None, compare=False)
     reserved: bool = False
     # The run's steps as that settle saw them, when the started attempt is
@@ -46,11 +48,12 @@ class Claim:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
 
 
-def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None, eta=None) -> None:
+def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None, eta=None,
+          expires: float | None = None) -> None:
     # A signature resolves to the registered task where this process has it
     # (so CELERY_TASK_ALWAYS_EAGER runs it inline) and is sent by name otherwise.
     transaction.on_commit(lambda: current_app.signature(task, args=args).apply_async(queue=queue, countdown=countdown,
-                                                                                      eta=eta))
+                                                                                      eta=eta, expires=expires))
 
 
 def enqueue_advance(run_id: int) -> None:
@@ -62,8 +65,8 @@ def enqueue_claims(claims: list[Claim], *, countdown: float = 0) -> None:
         _send(EXECUTE_STEP, (claim.step_pk, claim.attempt), queue=claim.queue, countdown=countdown or None)
 
 
-def enqueue_settle(run_id: int, *, countdown: float | None = None) -> None:
-    _send(SETTLE_RUN, (run_id,), countdown=countdown)
+def enqueue_settle(run_id: int, *, countdown: float | None = None, expires: float | None = None) -> None:
+    _send(SETTLE_RUN, (run_id,), countdown=countdown, expires=expires)
 
 
 def enqueue_approval_expiry(request_id: int, *, eta) -> None:
@@ -73,3 +76,10 @@ def enqueue_approval_expiry(request_id: int, *, eta) -> None:
 
 def enqueue_reattach(step: Step, host: str) -> None:
     _send(REATTACH_STEP, (step.pk, step.attempt), queue=host_queue(host))
+
+
+def enqueue_heal(host: str, *, expires: float | None = None) -> None:
+    """A ledger heal on ``host`` (its pids mean something only there). With
+    ``expires``, a heal no worker of that host took in time is dropped: the
+    next one is on its way, and a gone host's queue does not fill up."""
+    _send(HEAL_HOST, (), queue=host_queue(host), expires=expires)

@@ -23,9 +23,11 @@ that transaction has committed, closed unused if no step follows here).
 """
 
 import logging
+import random
 import time
 from dataclasses import replace
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from structlog.contextvars import bind_contextvars
@@ -39,12 +41,15 @@ from runs.dataplane import (
     queue_for,
     reattach,
     release_reservation,
+    reserve_slot,
     resolve_step_plan,
     run_tool,
+    wait_for_slot,
     warm_shim,
 )
 from runs.dispatch import Claim, enqueue_claims, enqueue_settle
 from runs.errors import ErrorCode, error_envelope
+from runs.healing import ledger_heal
 from runs.metrics import count_step_end
 from runs.models import AuditEvent, Event, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.outbox import emit, emit_step_event, step_event
@@ -66,7 +71,10 @@ def executing_started(run: Run) -> None:
     """Arm the harness's own run timer: a settle at the deadline fires
     TIMEOUT even when no step ever finishes (the sweeper is the fallback)."""
     remaining = max((run.deadline - timezone.now()).total_seconds(), 0)
-    enqueue_settle(run.pk, countdown=remaining + 0.5)
+    # Expires: a timer parked in a dead worker's unacked set comes back
+    # hours later (Redis' visibility timeout) and is then dropped unrun; the
+    # deadline scan (runs.deadlines) has long enforced the deadline by then.
+    enqueue_settle(run.pk, countdown=remaining + 0.5, expires=remaining + 60)
 
 
 # What settle reads of every step of the run, each time: results and
@@ -177,6 +185,13 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
         accepted = Event(type=EventType.TASK_ACCEPTED, run=run, task_id=step.step_id, handle_id=step.handle_id,
                          timestamp=now, message="accepted", data={"attempt": 1})
         if step is local:
+            # Started here only with its slot held (the finished step's, handed
+            # over, or a free one): a step never waits for a slot once started.
+            step.effective_plan = local_plan
+            handed_over = bool(handover) and hand_over_reservation(handover, step)
+            if not (handed_over or reserve_slot(step)):
+                local = None
+        if step is local:
             started = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING, "attempt": 1,
                        "handle_id": step.handle_id, "host": current_host(), "started_at": now,
                        "effective_plan": local_plan}
@@ -187,8 +202,9 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
                 events.extend([accepted, Event(type=EventType.TASK_STARTED, run=run, task_id=step.step_id,
                                                handle_id=step.handle_id, timestamp=now, message="started",
                                                data={"attempt": 1, "host": step.host, "plan": local_plan})])
-                reserved = bool(handover) and hand_over_reservation(handover, step)
-                claim = Claim(step.pk, 1, queue_for(step), started=step, reserved=reserved)
+                claim = Claim(step.pk, 1, queue_for(step), started=step, reserved=handed_over)
+            else:
+                release_reservation(step.handle_id, only_mine=True)
         elif statements.update(Step, pending, {"run_status": StepRunStatus.ACCEPTED, "attempt": 1,
                                                "handle_id": step.handle_id}):
             events.append(accepted)
@@ -209,39 +225,55 @@ def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
                             {"attempt": step.attempt})
 
 
-def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, reserved: bool = False,
-                 steps: list[Step] | None = None, spare: ShimLink | None = None) -> Claim | None:
+def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, steps: list[Step] | None = None,
+                 spare: ShimLink | None = None) -> Claim | None:
     """Run one attempt of a step to its end on this host; return the next
     step attempt this worker should run itself, if any. ``started``,
     ``reserved``, ``steps`` and ``spare`` come from the claim settle made
     for this worker (see ``Claim``)."""
     try:
-        return _step_execute(step_pk, attempt, started=started, reserved=reserved, steps=steps, spare=spare)
+        return _step_execute(step_pk, attempt, started=started, steps=steps, spare=spare)
     finally:
         if spare is not None:
             spare.close()  # spent by the step, or unused: a spare exits when its link closes
 
 
-def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved: bool, steps: list[Step] | None,
+def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: list[Step] | None,
                   spare: ShimLink | None) -> Claim | None:
-    plan_error = None
+    plan_error, held = None, started is not None  # a started claim holds its slot (``_dispatch``)
     if started is None:
-        with transaction.atomic():
-            step = Step.objects.select_related("run").filter(pk=step_pk).first()
-            if step is None:
-                return None
-            try:
-                effective_plan = resolve_step_plan(step)
-            except EnvelopeError as exc:  # strict request this host cannot honour: refused before anything runs
-                effective_plan, plan_error = {}, exc.envelope
-            claim = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING, "started_at": timezone.now(),
-                     "host": current_host(), "effective_plan": effective_plan}
-            if not Step.objects.filter(pk=step_pk, attempt=attempt, run_status=StepRunStatus.ACCEPTED).update(**claim):
-                return None  # a duplicate delivery, or the attempt was cancelled or superseded
-            for name, value in claim.items():
-                setattr(step, name, value)
-            emit_step_event(step.run_id, step, EventType.TASK_STARTED, "started",
-                            {"attempt": attempt, "host": step.host, "plan": effective_plan})
+        step = Step.objects.select_related("run").filter(pk=step_pk, attempt=attempt,
+                                                         run_status=StepRunStatus.ACCEPTED).first()
+        if step is None:
+            return None  # gone, a duplicate delivery, or the attempt was cancelled or superseded
+        try:
+            step.effective_plan = resolve_step_plan(step)
+        except EnvelopeError as exc:  # strict request this host cannot honour: refused before anything runs
+            step.effective_plan, plan_error = {}, exc.envelope
+        if plan_error is None and step.run.state == S.EXECUTING and timezone.now() < step.run.deadline:
+            held, plan_error = _hold_slot(step, attempt)
+            if not held and plan_error is None:
+                return None  # back in the queue
+        # Not held otherwise: the attempt is claimed to be ended unstarted below.
+        try:
+            with transaction.atomic():
+                claim = {"status": StepStatus.RUNNING, "run_status": StepRunStatus.RUNNING,
+                         "started_at": timezone.now(), "host": current_host(), "effective_plan": step.effective_plan}
+                claimed = Step.objects.filter(pk=step_pk, attempt=attempt,
+                                              run_status=StepRunStatus.ACCEPTED).update(**claim)
+                if claimed:
+                    for name, value in claim.items():
+                        setattr(step, name, value)
+                    emit_step_event(step.run_id, step, EventType.TASK_STARTED, "started",
+                                    {"attempt": attempt, "host": step.host, "plan": step.effective_plan})
+        except BaseException:
+            release_reservation(step.handle_id, only_mine=True)
+            raise
+        if not claimed:
+            # Lost the claim to a duplicate delivery or a cancel: give back
+            # only a slot this process took (never the winner's).
+            release_reservation(step.handle_id, only_mine=True)
+            return None
     else:
         step = started
     run = step.run
@@ -252,21 +284,61 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, reserved:
         elif run.state != S.EXECUTING:
             result = unstarted_result(step, attempt, step.started_at,
                                       error_envelope(ErrorCode.CANCELLED, f"run is {run.state}", source="scheduler"))
+        elif not held:  # the run's deadline passed before the attempt got a slot: nothing runs without one
+            result = unstarted_result(step, attempt, step.started_at,
+                                      error_envelope(ErrorCode.TIMEOUT, "the run's deadline passed before the step "
+                                                     "started", source="scheduler"))
         else:
             remaining = (run.deadline - timezone.now()).total_seconds()
             result = run_tool(
-                step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001), reserved=reserved,
+                step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001),
                 cancel_requested=_cancel_poller(run.pk),
                 on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
-                on_wait=lambda: emit_step_event(run.pk, step, EventType.TASK_PROGRESSED,
-                                                f"waiting for a free slot on {step.host}",
-                                                {"attempt": attempt, "waiting_for": "resources"}),
                 spare=spare,
             )
     except BaseException:
         release_reservation(step.handle_id)
         raise
     return step_finish(step, attempt, result, steps=steps)
+
+
+def _hold_slot(step: Step, attempt: int) -> tuple[bool, dict | None]:
+    """Reserve the step's slot before its attempt is claimed: at once, or
+    after giving back the slots of dead worker processes, or within
+    EXECGO_LEDGER_WAIT_S. Otherwise the attempt goes back to the queue
+    (still accepted) rather than hold this pool process, which also runs
+    deadline timers and the sweeper. Returns (held, refusal): a refusal is
+    the envelope of a step that can never fit this host."""
+    if reserve_slot(step):
+        return True, None
+    if ledger_heal() and reserve_slot(step):
+        return True, None
+    while True:
+        try:
+            wait_for_slot(step)
+            return True, None
+        except EnvelopeError as exc:
+            if exc.envelope["code"] != ErrorCode.TIMEOUT:
+                return False, exc.envelope
+            waited_ms = (exc.envelope.get("details") or {}).get("waited_ms")
+        # Eager mode runs a re-queued task inline, at once: it would recurse
+        # instead of giving the slot holders time. There this process is the
+        # only executor, so it waits on, until the run's deadline.
+        if not settings.CELERY_TASK_ALWAYS_EAGER or timezone.now() >= step.run.deadline:
+            break
+    _requeue(step, attempt, waited_ms=waited_ms)
+    return False, None
+
+
+def _requeue(step: Step, attempt: int, *, waited_ms: int | None) -> None:
+    # Jittered: steps that found the host full together do not come back in lockstep.
+    countdown = round(settings.EXECGO_LEDGER_REQUEUE_S * random.uniform(0.5, 1.5), 3)
+    with transaction.atomic():
+        emit_step_event(step.run_id, step, EventType.TASK_PROGRESSED,
+                        f"no free slot on {current_host()}: back to the queue for {countdown}s",
+                        {"attempt": attempt, "waiting_for": "resources", "requeued": True, "countdown_s": countdown,
+                         "waited_ms": waited_ms})
+        enqueue_claims([Claim(step.pk, attempt, queue_for(step))], countdown=countdown)
 
 
 def step_reattach(step_pk: int, attempt: int) -> Claim | None:
@@ -277,6 +349,9 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
     if step is None:
         return None
     bind_contextvars(run_id=step.run_id, tenant_id=step.run.tenant_id, step_id=step.step_id, handle_id=step.handle_id)
+    # Adopt the slot the dead worker held (kept for the shim by recovery),
+    # or take a free one; a full host does not delay ingesting the result.
+    reserve_slot(step)
     result = reattach(step, cancel_requested=_cancel_poller(step.run_id),
                       on_progress=lambda percent, message: _progress(step.run_id, step, attempt, percent, message))
     audit(AuditEvent.STEP_REATTACHED, run_id=step.run_id, tenant_id=step.run.tenant_id, caller="recovery",
@@ -308,8 +383,12 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
 def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None) -> Claim | None:
     run = step.run
     finished_handle = step.handle_id  # the retry below names the next attempt's handle
-    retry = (result["status"] == StepRunStatus.FAILED and result["error"] and result["error"]["retryable"]
-             and attempt <= step.retries and timezone.now() < run.deadline)
+    error = result["error"]
+    # An attempt that failed before anything ran costs the step none of its retries.
+    never_started = bool(error) and (error.get("details") or {}).get("started") is False
+    allowed = step.retries + (settings.EXECGO_UNSTARTED_RETRIES if never_started else 0)
+    retry = (result["status"] == StepRunStatus.FAILED and error and error["retryable"]
+             and attempt <= allowed and timezone.now() < run.deadline)
     status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
     with transaction.atomic():
         locked = lock_run(run.pk)
@@ -384,6 +463,6 @@ def _progress(run_id: int, step: Step, attempt: int, percent: int, message: str)
 def execute_claims(claim: Claim | None) -> None:
     """Run a chain of in-process claims until settle hands back none."""
     while claim is not None:
-        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, reserved=claim.reserved,
-                             steps=claim.steps, spare=claim.spare)
+        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, steps=claim.steps,
+                             spare=claim.spare)
 

@@ -6,9 +6,15 @@ pick up what a dead worker left behind (SPEC §8).
   step with an ``internal`` error;
 - an accepted attempt whose message may have died with the worker is
   delivered again (the claim makes a duplicate harmless).
+
+A pool process that dies while its worker lives is healed without a
+restart (``runs.healing``); ``hosts_to_heal`` names the hosts beat asks.
 """
 
 import logging
+from datetime import timedelta
+
+from django.utils import timezone
 
 from runs.dataplane import current_host, queue_for
 from runs.dispatch import Claim, enqueue_claims, enqueue_reattach
@@ -16,6 +22,7 @@ from runs.models import Step, StepRunStatus
 from runs.statemachine import RunState
 from runtime import attach, ledger
 from runtime.capabilities import capability_manifest
+from runtime.models import HostCapacity
 
 logger = logging.getLogger(__name__)
 
@@ -35,3 +42,14 @@ def host_recover(host: str | None = None) -> dict:
     summary = {"host": host, "reattached": [s.pk for s in running], "redelivered": [s.pk for s in queued]}
     logger.info("recovery on %s: %s", host, summary)
     return summary
+
+
+# A host not seen for this long (no worker start, no heal) gets no heal
+# messages: a Redis queue nobody consumes would only fill up with them.
+HOST_GONE_AFTER = timedelta(hours=1)
+
+
+def hosts_to_heal() -> list[str]:
+    """The hosts seen lately (each heal refreshes its host's ``last_seen``)."""
+    return list(HostCapacity.objects.filter(last_seen__gte=timezone.now() - HOST_GONE_AFTER)
+                .values_list("host", flat=True))

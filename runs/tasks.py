@@ -1,32 +1,44 @@
 """Celery tasks: ids in, re-fetch, call one service. Each is safe to deliver
 twice: the services re-read the rows and claim work by compare-and-swap.
 The kernel sends them by name (``runs.dispatch``) and never imports this
-module, which sits on top of it."""
+module, which sits on top of it.
+
+The harness's tasks go back to their queue when the pool process running
+them dies (``reject_on_worker_lost``): with ``acks_late`` alone Celery
+acknowledges such a message, and it also loses the one the dead process had
+been handed but not started. A re-delivery is harmless for the same reason
+a duplicate is, and cannot loop on a step that kills its process: a step
+runs in its shim, outside the pool process."""
+
+import logging
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup, worker_ready
+from celery.signals import celeryd_after_setup, worker_process_init, worker_ready
 from django.conf import settings
 
 from runs.dataplane import SANDBOX_QUEUE, can_sandbox, current_host, host_queue
+from runs.deadlines import scan_deadlines
+from runs.dispatch import enqueue_heal
 from runs.execution import execute_claims, run_settle, step_execute, step_reattach
+from runs.healing import ledger_heal
 from runs.pipeline import run_advance
-from runs.recovery import host_recover
+from runs.recovery import host_recover, hosts_to_heal
 from runs.retention import purge_expired_artifacts
 from runs.sweeper import sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def advance_run(run_id: int) -> None:
     execute_claims(run_advance(run_id))
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def execute_step(step_pk: int, attempt: int) -> None:
     execute_claims(step_execute(step_pk, attempt))
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def settle_run(run_id: int) -> None:
     execute_claims(run_settle(run_id, claim_one=True))
 
@@ -36,7 +48,24 @@ def sweep_zombie_runs() -> None:
     sweep_zombies()
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(ignore_result=True)
+def scan_run_deadlines() -> None:
+    scan_deadlines()
+
+
+@shared_task(ignore_result=True)
+def heal_ledgers() -> None:
+    """Beat: a ledger heal on every host (each on its own host queue)."""
+    for host in hosts_to_heal():
+        enqueue_heal(host, expires=max(settings.EXECGO_LEDGER_HEAL_INTERVAL_S * 2, 5.0))
+
+
+@shared_task(ignore_result=True)
+def heal_host() -> None:
+    ledger_heal()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def reattach_step(step_pk: int, attempt: int) -> None:
     execute_claims(step_reattach(step_pk, attempt))
 
@@ -70,3 +99,15 @@ def _consume_host_queues(sender, instance, **kwargs):
 @worker_ready.connect
 def _recover_host(sender, **kwargs):
     host_recover()
+
+
+@worker_process_init.connect
+def _heal_when_a_pool_process_starts(**kwargs):
+    """A pool process starts with its worker, and in place of one that died
+    (``kill -9``, the OOM killer): what the dead one held is healed now,
+    not at the next beat. Only sent from here: the heal itself runs as a
+    task, outside the pool process's start (which Celery times)."""
+    try:
+        enqueue_heal(current_host(), expires=60.0)
+    except Exception:  # the broker unreachable at this instant: beat's heal follows
+        logging.getLogger(__name__).exception("could not send the ledger heal")

@@ -117,6 +117,6 @@ class HostCapacityAdmin(ReadOnlyAdmin):
 
 @admin.register(Reservation)
 class ReservationAdmin(ReadOnlyAdmin):
-    list_display = ("handle_id", "host", "task_slots", "memory_bytes", "pids", "waited_ms", "reserved_at")
+    list_display = ("handle_id", "host", "task_slots", "memory_bytes", "pids", "owner_pid", "waited_ms", "reserved_at")
     list_filter = ("host",)
     search_fields = ("handle_id",)

@@ -7,15 +7,28 @@ the Reservation row and only the caller whose DELETE removed it gives the
 amounts back, so a duplicate release (retry, recovery, a redelivered task)
 is harmless. ``recover`` rebuilds the counters from the Reservation rows
 when a worker starts, dropping rows for steps that are no longer running.
+
+Every reservation names its owner: the process that made it (pid and start
+time, on the reservation's host). A Celery pool process killed mid-step
+never releases what it holds, and its worker goes on (a new pool process
+replaces it): ``reclaim`` gives back the reservations of owners that are
+gone (a pid that no longer exists, a zombie, or a pid reused by a process
+started at another time) without waiting for a worker restart, and tells
+the caller what it reclaimed so the harness can audit it and re-attach the
+steps involved. Nothing here waits without bound: ``wait_for_reservation``
+gives up after ``EXECGO_LEDGER_WAIT_S`` and the caller re-queues.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
+import psutil
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
@@ -27,6 +40,31 @@ from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity, Reservation
 
 COUNTERS = ("task_slots", "memory_bytes", "pids")
+# psutil reports a process's start time in clock ticks turned into seconds:
+# the same process always reads the same, a reused pid reads later.
+START_TIME_TOLERANCE_S = 0.05
+
+_owner: dict[int, tuple[int, float]] = {}
+
+
+def current_owner() -> tuple[int, float]:
+    """This process as a reservation owner: (pid, start time). Cached per
+    pid, so a forked pool process names itself, not its parent."""
+    pid = os.getpid()
+    if pid not in _owner:
+        _owner[pid] = (pid, psutil.Process(pid).create_time())
+    return _owner[pid]
+
+
+def owner_alive(pid: int, started_at: float | None) -> bool:
+    """Whether the process that made a reservation still runs on this host."""
+    try:
+        process = psutil.Process(pid)
+        if started_at is not None and abs(process.create_time() - started_at) > START_TIME_TOLERANCE_S:
+            return False  # the pid was reused by another process
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def host_register(
@@ -70,9 +108,17 @@ def _amounts(slots: int, memory_bytes: int, pids: int) -> dict[str, int]:
 def reserve(
     host: str, handle_id: str, *, slots: int = 1, memory_bytes: int = 0, pids: int = 0, waited_ms: int = 0
 ) -> bool:
-    """Reserve for handle_id if it fits now; True if reserved (or already was)."""
+    """Reserve for handle_id if it fits now; True if reserved (or already
+    was). A reservation of handle_id held by an owner that is gone, or by
+    none, is adopted by this process (a re-attached step)."""
     amounts = _amounts(slots, memory_bytes, pids)
-    if Reservation.objects.filter(handle_id=handle_id).exists():
+    pid, started_at = current_owner()
+    existing = Reservation.objects.filter(handle_id=handle_id).values("pk", "owner_pid", "owner_started_at").first()
+    if existing is not None:
+        if existing["owner_pid"] != pid and (existing["owner_pid"] is None or not owner_alive(
+                existing["owner_pid"], existing["owner_started_at"])):
+            Reservation.objects.filter(pk=existing["pk"], owner_pid=existing["owner_pid"]).update(
+                owner_pid=pid, owner_started_at=started_at)
         return True
     fits = {f"{name}_reserved__lte": F(f"{name}_capacity") - value for name, value in amounts.items()}
     grow = {f"{name}_reserved": F(f"{name}_reserved") + value for name, value in amounts.items()}
@@ -80,7 +126,8 @@ def reserve(
         with transaction.atomic():
             if HostCapacity.objects.filter(host=host, **fits).update(**grow) == 0:
                 return False
-            Reservation.objects.create(host_id=host, handle_id=handle_id, waited_ms=waited_ms, **amounts)
+            Reservation.objects.create(host_id=host, handle_id=handle_id, waited_ms=waited_ms, owner_pid=pid,
+                                       owner_started_at=started_at, **amounts)
     except IntegrityError:
         # A concurrent reserve for the same handle created the row first;
         # ours rolled back together with its counter update.
@@ -95,23 +142,70 @@ def transfer(from_handle: str, to_handle: str, *, host: str, slots: int = 1, mem
     reserve, and the slot is never free in between. False, and nothing
     changed, when there is no such reservation."""
     amounts = _amounts(slots, memory_bytes, pids)
+    pid, started_at = current_owner()
     return statements.update(Reservation, {"handle_id": from_handle, "host_id": host, **amounts},
-                             {"handle_id": to_handle, "reserved_at": timezone.now(), "waited_ms": 0}) == 1
+                             {"handle_id": to_handle, "reserved_at": timezone.now(), "waited_ms": 0,
+                              "owner_pid": pid, "owner_started_at": started_at}) == 1
 
 
-def release(handle_id: str) -> bool:
-    """Give back handle_id's reservation; False if there was none (already released)."""
-    row = Reservation.objects.filter(handle_id=handle_id).first()
-    if row is None:
-        return False
+def release(handle_id: str, *, only_mine: bool = False) -> bool:
+    """Give back handle_id's reservation; False if there was none (already
+    released). ``only_mine``: only if this process owns it (a claim that
+    lost its race must not give back the winner's slot)."""
+    rows = Reservation.objects.filter(handle_id=handle_id)
+    if only_mine:
+        rows = rows.filter(owner_pid=current_owner()[0])
+    row = rows.first()
+    return row is not None and _give_back(row)
+
+
+def _give_back(row: Reservation) -> bool:
+    """Delete ``row`` and return its amounts; only the caller whose DELETE
+    removed it does, so concurrent releases and reclaims count it once."""
     with transaction.atomic():
-        deleted, _ = Reservation.objects.filter(pk=row.pk).delete()
+        deleted, _ = Reservation.objects.filter(pk=row.pk, owner_pid=row.owner_pid).delete()
         if not deleted:
             return False  # another release won the DELETE and gave the amounts back
         HostCapacity.objects.filter(host=row.host_id).update(
             **{f"{name}_reserved": F(f"{name}_reserved") - getattr(row, name) for name in COUNTERS}
         )
     return True
+
+
+def reclaim(host: str | None = None, *, in_flight: Callable[[Iterable[str]], set[str]] | None = None,
+            unowned_after_s: float = 5.0) -> list[dict[str, Any]]:
+    """Give back this host's reservations whose owner is gone; return them
+    (handle, owner, amounts, why) for the caller to audit.
+
+    A reservation held by no owner (kept by ``recover`` for a shim still
+    running, until its re-attachment adopts it) is reclaimed too once it is
+    older than ``unowned_after_s`` and ``in_flight(handles)`` no longer
+    lists its handle. Only rows of this host are judged: a pid means
+    something only on the host it was read on.
+    """
+    host = host or host_name()
+    # A heal runs on the host it judges: it also says the host is alive.
+    HostCapacity.objects.filter(host=host).update(last_seen=timezone.now())
+    rows = list(Reservation.objects.filter(host_id=host))
+    unowned_before = timezone.now() - timedelta(seconds=unowned_after_s)
+    unowned = [row for row in rows if row.owner_pid is None and row.reserved_at < unowned_before]
+    still_wanted = in_flight([row.handle_id for row in unowned]) if (in_flight and unowned) else set()
+    reclaimed = []
+    for row in rows:
+        if row.owner_pid is not None:
+            if owner_alive(row.owner_pid, row.owner_started_at):
+                continue
+            why = "owner_gone"
+        elif row in unowned and in_flight is not None and row.handle_id not in still_wanted:
+            why = "unowned"
+        else:
+            continue
+        if _give_back(row):
+            reclaimed.append({"handle_id": row.handle_id, "host": host, "owner_pid": row.owner_pid,
+                              "owner_started_at": row.owner_started_at, "reason": why,
+                              "reserved_at": row.reserved_at.isoformat(),
+                              **{name: getattr(row, name) for name in COUNTERS}})
+    return reclaimed
 
 
 def wait_for_reservation(
@@ -124,11 +218,15 @@ def wait_for_reservation(
     timeout_s: float | None = None,
     poll_interval: float = 0.05,
 ) -> float:
-    """Reserve, waiting (not failing) while the host is full; returns the seconds waited.
+    """Reserve, waiting while the host is full, at most ``timeout_s``
+    (default ``EXECGO_LEDGER_WAIT_S``); returns the seconds waited.
 
     Raises invalid_input when the request can never fit this host, and a
-    retryable timeout error when timeout_s passes first.
+    retryable timeout error when timeout_s passes first (the caller hands
+    the attempt back to the queue rather than hold its process).
     """
+    if timeout_s is None:
+        timeout_s = settings.EXECGO_LEDGER_WAIT_S
     amounts = _amounts(slots, memory_bytes, pids)
     capacity = HostCapacity.objects.filter(host=host).first()
     if capacity is None:
@@ -144,7 +242,7 @@ def wait_for_reservation(
     start = time.monotonic()
     delay = min(0.005, poll_interval)
     while not reserve(host, handle_id, waited_ms=int((time.monotonic() - start) * 1000), **_keywords(amounts)):
-        if timeout_s is not None and time.monotonic() - start >= timeout_s:
+        if time.monotonic() - start >= timeout_s:
             raise EnvelopeError.of(
                 "timeout",
                 f"no capacity on host {host} within {timeout_s}s",
@@ -176,6 +274,9 @@ def recover(host: str | None = None, *, keep: Callable[[str], bool] | None = Non
                 if not keep(handle_id):
                     dropped.append(handle_id)
             Reservation.objects.filter(handle_id__in=dropped).delete()
+            # What is kept belongs to a shim whose worker died: it waits,
+            # unowned, for the re-attachment to adopt it (``reserve``).
+            Reservation.objects.filter(host=row).update(owner_pid=None, owner_started_at=None)
         sums = Reservation.objects.filter(host=row).aggregate(**{name: Sum(name) for name in COUNTERS})
         for name in COUNTERS:
             reserved = sums[name] or 0

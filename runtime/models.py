@@ -47,6 +47,12 @@ class Reservation(models.Model):
     pids = models.BigIntegerField(default=0)
     reserved_at = models.DateTimeField(default=timezone.now)
     waited_ms = models.BigIntegerField(default=0)
+    # The process holding the reservation (on ``host``): its pid and its
+    # start time, so a reused pid is not mistaken for the owner. A row
+    # whose owner is gone is reclaimed (``ledger.reclaim``); null: an owner
+    # that did not say (reclaimed only by ``recover`` at worker start).
+    owner_pid = models.PositiveIntegerField(null=True, blank=True)
+    owner_started_at = models.FloatField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -82,6 +82,8 @@ class AuditEvent(models.TextChoices):
     APPROVAL_REQUESTED = "approval_requested"
     APPROVAL_VOIDED = "approval_voided"
     HITL_TIMEOUT = "hitl_timeout"  # an approval request expired with no decision
+    RESERVATION_RECLAIMED = "reservation_reclaimed"  # its worker process died holding it
+    DEADLINE_ENFORCED = "deadline_enforced"  # the deadline scan closed a run its timer did not
 
 
 # The one audit event of a run's final transition (SPEC §2.2: reconciliation).

@@ -139,6 +139,13 @@ class Run(ConcurrentTransitionMixin, models.Model):
                 name="run_nonfinal_state_age",
             ),
             models.Index(fields=["tenant", "-id"], name="run_tenant_newest"),
+            # The deadline scan (runs.deadlines.scan_deadlines): EXECUTING runs
+            # by when they started executing; no other state is in it.
+            models.Index(
+                fields=["executing_started_at"],
+                condition=Q(state=S.EXECUTING),
+                name="run_executing_since",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -22,12 +22,13 @@ def run_with(make_run):
     return factory
 
 
-def start_attempt(step: Step) -> Step:
-    """Test factory: mark ``step``'s first attempt as running on this host,
-    as settle's claim does (handle, host, effective plan, start time), and
-    return it re-read with its run."""
+def start_attempt(step: Step, *, attempt: int = 1) -> Step:
+    """Test factory: mark ``step``'s attempt (the first by default) as
+    running on this host, as settle's claim does (handle, host, effective
+    plan, start time), and return it re-read with its run."""
     Step.objects.filter(pk=step.pk).update(
-        status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, attempt=1, handle_id=new_handle_id(step, 1),
+        status=StepStatus.RUNNING, run_status=StepRunStatus.RUNNING, attempt=attempt,
+        handle_id=new_handle_id(step, attempt),
         host=current_host(), effective_plan=resolve_step_plan(step), started_at=timezone.now(),
     )
     return Step.objects.select_related("run").get(pk=step.pk)

@@ -1,0 +1,191 @@
+"""No parked deadlines: an EXECUTING run past its deadline is ended by the
+beat-driven deadline scan when its timer (an ETA message) was never sent,
+was lost with a killed worker (filesystem broker), or sits in a dead
+worker's unacked set (Redis). Within the grace a running step is left to
+its own timeout; after it the run is forced to TIMEOUT, its steps fenced."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from runs.deadlines import scan_deadlines
+from runs.models import AuditLog, Run, Step, StepRunStatus, StepStatus, Trace, TraceKind
+from runs.statemachine import FINAL
+from tests.conftest import ROOT, WorkerProcess, _worker_env, log_tails, purge_broker, stop_workers, wait_for_run
+from tests.runs.conftest import start_attempt
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class BeatProcess:
+    """A real ``celery beat`` (the database scheduler) against the test
+    database, with the schedule's intervals from ``env``."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.log_path = Path(settings.DATA_DIR) / "beat.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "BeatProcess":
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "execgo", "beat", "-l", "INFO", "--max-interval", "1"],
+            cwd=ROOT, env={**_worker_env(), **self.env}, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc:
+            self.log.close()
+
+
+def overdue_run(make_run, *, late_s: float, timeout_s: int = 2, step_running: bool = False) -> Run:
+    run = make_run("EXECUTING", previous_state="POLICY_CHECK", timeout_s=timeout_s,
+                   executing_started_at=timezone.now() - timedelta(seconds=timeout_s + late_s))
+    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]},
+                               timeout_s=5, retries=0)
+    if step_running:
+        start_attempt(step)
+    return run
+
+
+def final_audit_rows(run: Run) -> list[str]:
+    return list(AuditLog.objects.filter(run_id=run.pk, event__in=["run_failed", "run_succeeded", "run_rejected",
+                                                                  "run_cancelled"]).values_list("event", flat=True))
+
+
+def test_a_run_whose_timer_was_never_sent_is_closed_by_the_scan(make_run):
+    run = overdue_run(make_run, late_s=1)
+
+    assert scan_deadlines() == [run.pk]
+
+    run.refresh_from_db()
+    assert (run.state, run.closing_cause) == ("CLOSED_FAILED", "run_timeout")
+    assert Step.objects.get(run=run).status == StepStatus.SKIPPED
+    enforced = AuditLog.objects.get(run_id=run.pk, event="deadline_enforced")
+    assert enforced.data["forced"] is False and enforced.data["late_s"] >= 1
+    assert final_audit_rows(run) == ["run_failed"]
+    assert scan_deadlines() == []  # a final run is out of the scan
+
+
+def test_a_step_without_a_live_executor_is_fenced_and_the_run_forced_after_the_grace(make_run, settings):
+    settings.EXECGO_DEADLINE_GRACE_S = 3.0
+    run = overdue_run(make_run, late_s=5, step_running=True)
+
+    assert scan_deadlines() == [run.pk]
+
+    run.refresh_from_db()
+    assert run.state == "CLOSED_FAILED"
+    step = Step.objects.get(run=run)
+    assert (step.status, step.run_status) == (StepStatus.FAILED, StepRunStatus.CANCELLED)
+    assert AuditLog.objects.get(run_id=run.pk, event="deadline_enforced").data["forced"] is True
+    trace = Trace.objects.get(run=run, kind=TraceKind.RUN, data__layer="deadline_scan")
+    assert trace.error["code"] == "timeout"
+    assert final_audit_rows(run) == ["run_failed"]
+
+
+def test_a_running_step_within_the_grace_is_left_to_its_own_timeout(make_run, settings):
+    settings.EXECGO_DEADLINE_GRACE_S = 30.0
+    run = overdue_run(make_run, late_s=1, step_running=True)
+
+    assert scan_deadlines() == []
+
+    run.refresh_from_db()
+    assert run.state == "EXECUTING"
+    assert Step.objects.get(run=run).run_status == StepRunStatus.RUNNING
+    assert not AuditLog.objects.filter(run_id=run.pk, event="deadline_enforced").exists()
+
+
+def test_a_run_before_its_deadline_and_runs_in_other_states_are_left_alone(make_run):
+    running = make_run("EXECUTING", previous_state="POLICY_CHECK", timeout_s=600)
+    waiting = make_run("AWAITING_HITL", previous_state="POLICY_CHECK",
+                       last_state_change_at=timezone.now() - timedelta(hours=1))
+
+    assert scan_deadlines() == []
+
+    assert Run.objects.get(pk=running.pk).state == "EXECUTING"
+    assert Run.objects.get(pk=waiting.pk).state == "AWAITING_HITL"
+
+
+def test_the_run_timer_expires_so_a_parked_copy_is_dropped_when_it_comes_back(make_run):
+    from runs.execution import executing_started
+    from tests.test_ledger_heal import queued
+
+    purge_broker()
+    run = make_run("EXECUTING", previous_state="POLICY_CHECK", timeout_s=30)
+    executing_started(run)
+
+    [timer] = queued("celery")
+    assert (timer["task"], timer["args"]) == ("runs.tasks.settle_run", [run.pk])
+    assert timer["eta"] is not None and timer["expires"] is not None
+    assert timer["eta"] < timer["expires"]
+
+
+def test_the_scan_is_on_beats_schedule():
+    entry = settings.CELERY_BEAT_SCHEDULE["scan-run-deadlines"]
+    assert entry["task"] == "runs.tasks.scan_run_deadlines"
+    assert 0 < entry["schedule"] <= 5
+
+
+def test_the_scan_ends_a_run_whose_worker_was_killed_holding_its_timer(api):
+    """kill -9 of the worker (its whole process group: main process, pool,
+    the ETA timer it held) while the run's step runs. Another worker, on
+    another host, runs the beat-driven scan; nothing re-attaches the step
+    (its host has no worker left), so only the scan can end the run."""
+    purge_broker()
+    env = {"EXECGO_DEADLINE_SCAN_INTERVAL_S": "1", "EXECGO_LEDGER_HEAL_INTERVAL_S": "1",
+           "EXECGO_DEADLINE_GRACE_S": "2"}
+    doomed = WorkerProcess(hostname="doomed", concurrency=1, env={**env, "EXECGO_HOST_NAME": "doomed-host"})
+    survivor = WorkerProcess(hostname="survivor", concurrency=1, env={**env, "EXECGO_HOST_NAME": "survivor-host"})
+    beat = BeatProcess(env)
+    shim_pids = []
+    try:
+        doomed.start()
+        plan = {"steps": [{"id": "long", "tool": "shell", "timeout_s": 60, "params": {"argv": ["sleep", "30"]}}]}
+        response = api.post("/api/v1/runs", {"title": "parked", "plan": plan, "timeout_s": 6}, format="json")
+        assert response.status_code == 201, response.content
+        run_id = response.json()["id"]
+        wait_for_run(run_id, states={"EXECUTING"}, timeout=60)
+        deadline_wait = time.monotonic() + 60
+        while not Step.objects.filter(run_id=run_id, run_status=StepRunStatus.RUNNING).exists():
+            assert time.monotonic() < deadline_wait, log_tails(doomed)
+            time.sleep(0.05)
+        os.killpg(doomed.proc.pid, signal.SIGKILL)
+        doomed.proc.wait()
+        doomed.log.close()
+        doomed.proc = None
+        survivor.start()
+        beat.start()
+
+        run = wait_for_run(run_id, states=FINAL, timeout=60)
+
+        assert run.state == "CLOSED_FAILED"
+        assert run.finished_at - run.deadline < timedelta(seconds=30)  # a generous bound: scan 1 s + grace 2 s
+        assert AuditLog.objects.filter(run_id=run_id, event="deadline_enforced").exists()
+        assert final_audit_rows(run) == ["run_failed"]
+        step = Step.objects.get(run_id=run_id)
+        assert step.run_status in (StepRunStatus.CANCELLED, StepRunStatus.FAILED)
+        shim_pids = [step.handle_id]
+    finally:
+        beat.stop()
+        stop_workers(survivor)
+        purge_broker()
+        for handle in shim_pids:
+            from runtime import attach
+
+            attach.cancel(handle)
