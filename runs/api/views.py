@@ -2,16 +2,17 @@
 
 import time
 
+from django.conf import settings
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from runs.api.serializers import (
-    EventSerializer,
+    EventPageSerializer,
     JobSerializer,
     MemorySerializer,
     PlanEvaluateSerializer,
@@ -22,19 +23,28 @@ from runs.api.serializers import (
 )
 from runs.dataplane import step_log_path
 from runs.models import Run
+from runs.plan_schema import find_unstorable
 from runs.policy import policy_dry_run
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
 from runs.statemachine import RunState
 
-LONG_POLL_MAX_S = 30.0
 LONG_POLL_INTERVAL_S = 0.2
+MAX_IDEMPOTENCY_KEY_LENGTH = 200
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    description="a resubmission with the same key and body returns the first run (200); another body is 409",
+    pattern=f"^[\\x20-\\x7e]{{0,{MAX_IDEMPOTENCY_KEY_LENGTH}}}$",
+)
 
 
 def _user_run(request, run_id: int) -> Run:
     return get_object_or_404(runs_for_user(request.user), pk=run_id)
 
 
+@extend_schema_view(get=extend_schema(parameters=[
+    OpenApiParameter("state", str, enum=RunState.values, required=False, description="only runs in this state"),
+]))
 class RunListCreateView(generics.ListAPIView):
     serializer_class = RunSummarySerializer
 
@@ -50,7 +60,7 @@ class RunListCreateView(generics.ListAPIView):
     @extend_schema(
         request=RunCreateSerializer,
         responses={201: RunSerializer, 200: RunSerializer},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        parameters=[IDEMPOTENCY_KEY],
     )
     def post(self, request):
         tenant = tenant_of(request.user)
@@ -59,8 +69,9 @@ class RunListCreateView(generics.ListAPIView):
         serializer = RunCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         key = request.headers.get("Idempotency-Key") or None
-        if key is not None and len(key) > 200:
-            raise ValidationError({"Idempotency-Key": ["at most 200 characters"]})
+        if key is not None and not (key.isascii() and key.isprintable() and len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH):
+            raise ValidationError({"Idempotency-Key": [
+                f"at most {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters"]})
         submission = run_submit(tenant=tenant, user=request.user, idempotency_key=key, **serializer.validated_data)
         return Response(RunSerializer(submission.run).data,
                         status=status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK)
@@ -91,45 +102,50 @@ def _non_negative_int(request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: ["must be an integer"]}) from None
-    if value < 0:
+    # ASCII digits only: int() would also take "\u0663", " 1", "1_000".
+    if raw.startswith("-") and raw[1:].isascii() and raw[1:].isdigit():
         raise ValidationError({name: ["must not be negative"]})
-    return value
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise ValidationError({name: ["must be a non-negative integer"]})
+    return int(raw)
 
 
 class RunEventsView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("after", int, description="return events with an id greater than this"),
-            OpenApiParameter("wait", int, description="long-poll: seconds to wait for a first event (max 30)"),
+            OpenApiParameter("after", {"type": "integer", "minimum": 0},
+                             description="return events with an id greater than this (default 0)"),
+            OpenApiParameter("wait", {"type": "integer", "minimum": 0},
+                             description="long-poll: seconds to wait for a first event (default 0); "
+                                         "more than EXECGO_API_LONG_POLL_MAX_S (30) waits that long"),
         ],
-        responses=EventSerializer(many=True),
+        responses=EventPageSerializer,
     )
     def get(self, request, run_id: int):
         run = _user_run(request, run_id)
         after = _non_negative_int(request, "after", 0)
-        deadline = time.monotonic() + min(_non_negative_int(request, "wait", 0), LONG_POLL_MAX_S)
+        wait_s = min(_non_negative_int(request, "wait", 0), settings.EXECGO_API_LONG_POLL_MAX_S)
+        deadline = time.monotonic() + wait_s
         events = run_events_after(run, after)
         while not events and time.monotonic() < deadline:
             time.sleep(LONG_POLL_INTERVAL_S)
             events = run_events_after(run, after)
-        return Response({
-            "run_id": run.pk,
-            "events": EventSerializer(events, many=True).data,
-            "last_event_id": events[-1].pk if events else after,
-        })
+        return Response(EventPageSerializer({
+            "run_id": run.pk, "events": events, "last_event_id": events[-1].pk if events else after,
+        }).data)
 
 
 class StepLogView(APIView):
     """The full stdout/stderr of a step's latest attempt, while the retention
     GC has not removed it (the result envelope keeps a capped tail forever)."""
 
-    @extend_schema(responses={(200, "text/plain"): bytes})
+    @extend_schema(responses={(200, "text/plain"): bytes}, parameters=[
+        OpenApiParameter("stream", str, OpenApiParameter.PATH, enum=["stdout", "stderr"]),
+    ])
     def get(self, request, run_id: int, step_id: str, stream: str):
         run = _user_run(request, run_id)
+        if find_unstorable(step_id) is not None:  # no step can have that id; the database would refuse the query
+            raise NotFound(f"no step {step_id!r}")
         step = get_object_or_404(run.steps.all(), step_id=step_id)
         path = step_log_path(step, stream)
         if path is None:

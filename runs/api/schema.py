@@ -1,0 +1,64 @@
+"""The OpenAPI schema's side of the error contract: every operation documents
+the error envelope under each status it can answer with, generated from
+the serializer below, so a client (and the fuzzer in the test suite) can
+hold the API to it."""
+
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiResponse, extend_schema_serializer
+from rest_framework import serializers
+
+from runs.errors import ErrorCode
+from runtime.envelopes import ERROR_SOURCES
+
+
+class ErrorEnvelopeSerializer(serializers.Serializer):
+    code = serializers.ChoiceField(choices=ErrorCode.choices)
+    message = serializers.CharField()
+    retryable = serializers.BooleanField(help_text="true only where the same request can succeed later")
+    source = serializers.ChoiceField(choices=sorted(ERROR_SOURCES))
+    details = serializers.DictField(help_text="what the message names, machine-readable")
+
+
+@extend_schema_serializer(many=False, component_name="Error")
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorEnvelopeSerializer()
+
+
+ERROR_DESCRIPTIONS = {
+    400: "invalid input: a malformed body or parameter, a value no database can store, JSON nested too deep",
+    401: "no or invalid credentials",
+    403: "authenticated, but not allowed",
+    404: "no such resource in the caller's tenant (or no such page)",
+    406: "no acceptable representation (the API answers application/json)",
+    409: "the resource's state refuses the request",
+    413: "the request body is larger than EXECGO_MAX_REQUEST_BYTES",
+    415: "the request body is not application/json",
+    429: "throttled: retryable after Retry-After seconds",
+    500: "a bug (never retryable)",
+    503: "the database is unavailable (retryable)",
+}
+READ_ERRORS = (400, 401, 403, 404, 406, 429, 500, 503)
+WRITE_ERRORS = (*READ_ERRORS, 409, 413, 415)
+
+
+# Text fields refuse NUL (DRF's ProhibitNullCharactersValidator; no database
+# stores it): said in the schema too, so generated "valid" input is valid.
+NO_NUL_PATTERN = "^[^\\x00]*$"
+
+
+class ApiAutoSchema(AutoSchema):
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if (direction == "request" and isinstance(field, serializers.CharField) and schema.get("type") == "string"
+                and "pattern" not in schema and "format" not in schema):
+            schema["pattern"] = NO_NUL_PATTERN
+        return schema
+
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        if direction != "response":
+            return responses
+        for status in WRITE_ERRORS if self.method in ("POST", "PUT", "PATCH") else READ_ERRORS:
+            responses.setdefault(str(status), self._get_response_for_code(
+                OpenApiResponse(ErrorSerializer, description=ERROR_DESCRIPTIONS[status]), str(status)))
+        return dict(sorted(responses.items()))
