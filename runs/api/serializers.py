@@ -51,8 +51,26 @@ class PlanField(serializers.JSONField):
         return super().to_internal_value(data)
 
 
+def _json_type_error(field: serializers.Field, value) -> str | None:
+    """DRF coerces (0 to "0" for a CharField, "5" to 5 for an
+    IntegerField); the schema promises JSON types, so they are held to."""
+    if value is None:
+        return None  # allow_null decides
+    if isinstance(field, (serializers.CharField, serializers.ChoiceField)) and not isinstance(value, str):
+        return "must be a string"
+    if isinstance(field, serializers.IntegerField) and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be an integer"
+    if isinstance(field, serializers.ListField) and not isinstance(value, list):
+        return "must be a list"
+    if isinstance(field, serializers.ListField) and isinstance(field.child, serializers.ChoiceField):
+        if not all(isinstance(item, str) for item in value):
+            return "must be a list of strings"
+    return None
+
+
 class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know instead of silently dropping them."""
+    """Refuses fields it does not know instead of silently dropping them,
+    and values of another JSON type than the field's."""
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -60,6 +78,10 @@ class StrictSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        wrong = {name: [error] for name, value in data.items()
+                 if (error := _json_type_error(self.fields[name], value)) is not None}
+        if wrong:
+            raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
 
 

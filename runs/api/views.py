@@ -5,7 +5,7 @@ import time
 from django.conf import settings
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
@@ -31,6 +31,10 @@ from runs.statemachine import RunState
 
 LONG_POLL_INTERVAL_S = 0.2
 MAX_IDEMPOTENCY_KEY_LENGTH = 200
+EXAMPLE_PLAN = {"steps": [
+    {"id": "greet", "tool": "shell", "params": {"argv": ["echo", "hello"]}},
+    {"id": "count", "tool": "shell", "params": {"script": "echo $((40 + 2))"}, "depends_on": ["greet"]},
+]}
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
     description="a resubmission with the same key and body returns the first run (200); another body is 409",
@@ -51,7 +55,7 @@ class RunListCreateView(generics.ListAPIView):
     def get_queryset(self):
         runs = runs_for_user(self.request.user).order_by("-id")
         state = self.request.query_params.get("state")
-        if state:
+        if state is not None:
             if state not in RunState.values:
                 raise ValidationError({"state": [f"unknown state {state!r}"]})
             runs = runs.filter(state=state)
@@ -61,6 +65,10 @@ class RunListCreateView(generics.ListAPIView):
         request=RunCreateSerializer,
         responses={201: RunSerializer, 200: RunSerializer},
         parameters=[IDEMPOTENCY_KEY],
+        examples=[OpenApiExample("two shell steps", request_only=True, value={"title": "hello", "plan": EXAMPLE_PLAN}),
+                  OpenApiExample("a file write", request_only=True, value={"plan": {"steps": [
+                      {"id": "note", "tool": "file", "params": {"op": "write", "path": "note.txt",
+                                                                 "content": "hello"}}]}, "timeout_s": 60})],
     )
     def post(self, request):
         tenant = tenant_of(request.user)
@@ -98,24 +106,25 @@ class RunRetryView(APIView):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
+MAX_CURSOR = 2**63 - 1  # the largest id a bigint holds
+
+
 def _non_negative_int(request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
-    if raw in (None, ""):
+    if raw is None:
         return default
-    # ASCII digits only: int() would also take "\u0663", " 1", "1_000".
-    if raw.startswith("-") and raw[1:].isascii() and raw[1:].isdigit():
-        raise ValidationError({name: ["must not be negative"]})
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
-        raise ValidationError({name: ["must be a non-negative integer"]})
+    # ASCII digits only: int() would also take "\u0663", " 1" and "1_000".
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_CURSOR:
+        raise ValidationError({name: [f"must be an integer from 0 to {MAX_CURSOR}"]})
     return int(raw)
 
 
 class RunEventsView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("after", {"type": "integer", "minimum": 0},
+            OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
                              description="return events with an id greater than this (default 0)"),
-            OpenApiParameter("wait", {"type": "integer", "minimum": 0},
+            OpenApiParameter("wait", {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
                              description="long-poll: seconds to wait for a first event (default 0); "
                                          "more than EXECGO_API_LONG_POLL_MAX_S (30) waits that long"),
         ],
@@ -159,7 +168,8 @@ class PolicyEvaluateView(APIView):
     """A dry run of POLICY_CHECK: the same rating of a plan, without a run,
     a trace or an audit row."""
 
-    @extend_schema(request=PlanEvaluateSerializer, responses=PolicyEvaluationSerializer)
+    @extend_schema(request=PlanEvaluateSerializer, responses=PolicyEvaluationSerializer, examples=[
+        OpenApiExample("two shell steps", request_only=True, value={"plan": EXAMPLE_PLAN})])
     def post(self, request):
         tenant = tenant_of(request.user)
         if tenant is None:

@@ -179,11 +179,7 @@ def test_throttled_is_429_retryable_with_retry_after(api, monkeypatch):
 @pytest.mark.parametrize("query", ["page=garbage", "page=0", "page=-1", "page=1.5", "page=last", "page=%D9%A3",
                                    "state=RUNNING", "state="])
 def test_bad_list_parameters_are_400(api, query):
-    response = api.get(f"/api/v1/runs?{query}")
-    if query == "state=":
-        assert response.status_code == 200  # an empty filter is no filter
-    else:
-        assert_envelope(response, 400, "invalid_input")
+    assert_envelope(api.get(f"/api/v1/runs?{query}"), 400, "invalid_input")
 
 
 def test_page_past_the_end_is_404(api, make_run):
@@ -192,7 +188,8 @@ def test_page_past_the_end_is_404(api, make_run):
     assert_envelope(api.get("/api/v1/runs?page=2"), 404, "not_found")
 
 
-@pytest.mark.parametrize("query", ["after=-1", "after=x", "wait=-5", "after=%D9%A3", "after=1_000"])
+@pytest.mark.parametrize("query", ["after=-1", "after=x", "wait=-5", "after=%D9%A3", "after=1_000", "after=",
+                                   "wait=", f"after={2**63}", "after=" + "9" * 5000])
 def test_bad_event_cursors_are_400(api, make_run, query):
     run = make_run("CREATED")
     assert_envelope(api.get(f"/api/v1/runs/{run.pk}/events?{query}"), 400, "invalid_input")
@@ -221,3 +218,13 @@ def test_a_valid_submission_still_works(api):
                         HTTP_IDEMPOTENCY_KEY="key-1")
     assert response.status_code == 201, response.content
     assert Run.objects.get().plan["steps"][0]["params"]["argv"] == ["echo", "é"]
+
+
+@pytest.mark.parametrize("field, value", [("goal", 0), ("title", 5), ("title", True), ("timeout_s", "60"),
+                                          ("timeout_s", 1.5), ("timeout_s", True), ("callback_events", "final"),
+                                          ("callback_events", [1]), ("planner", 1)])
+def test_values_of_another_json_type_are_400(api, field, value):
+    body = {"plan": shell_plan(["true"]), field: value}
+    error = assert_envelope(api.post("/api/v1/runs", body, format="json"), 400, "invalid_input")
+    assert field in error["details"]["fields"]
+    assert Run.objects.count() == 0

@@ -1,0 +1,77 @@
+"""Schemathesis against the live OpenAPI schema, as an authenticated agent,
+with every check: no server error, every status and body as documented,
+content types, valid data accepted and invalid data refused, unsupported
+methods, missing headers, ignored auth. The seed is fixed (override with
+EXECGO_FUZZ_SEED) and printed with the counts; the report of every request
+is kept under var/.
+
+Only ``positive_data_acceptance`` is relaxed, and only for the bodies that
+carry a plan or an edit: which step ids exist, whether dependencies form a
+cycle and what each tool's params must hold are checked by
+``runs.plan_schema`` and answered with a 400, which JSON Schema cannot say.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from rest_framework.authtoken.models import Token
+
+from tests.api.conftest import FUZZ_SUMMARIES, offline_env
+from tests.conftest import ROOT, make_user
+
+SEED = int(os.environ.get("EXECGO_FUZZ_SEED", "20261201"))
+MAX_EXAMPLES = 100
+MIN_REQUESTS = 2000
+TIME_BUDGET_S = 600
+
+CONFIG = """\
+[checks]
+enabled = true
+
+[[operations]]
+include-path-regex = "^/api/v1/(runs|policy/evaluate|approvals/\\\\{[a-z_]+\\\\}/approve)$"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+"""
+
+
+def test_schemathesis_finds_nothing(api_server, tenant):
+    agent = make_user("fuzz-agent", tenant, groups=("agents",))
+    token = Token.objects.create(user=agent)
+    stack = "sqlite" if settings.IS_SQLITE else "postgres"
+    report_dir = ROOT / "var" / f"schemathesis-{stack}"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    config = report_dir / "schemathesis.toml"
+    config.write_text(CONFIG)
+    har = report_dir / "requests.har"
+    report = report_dir / "report.json"
+    command = [
+        sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()",
+        "--config-file", str(config), "run", f"{api_server.url}/api/v1/schema/",
+        "--checks", "all", "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
+        "--header", f"Authorization: Token {token.key}", "--generation-database", "none",
+        "--request-timeout", "30", "--max-redirects", "0",
+        "--report", "har,json", "--report-har-path", str(har), "--report-json-path", str(report),
+        "--no-color", "--output-truncate", "false",
+    ]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIME_BUDGET_S + 120,
+                            env={**os.environ, **offline_env(), "PYTHONUNBUFFERED": "1"})
+    elapsed = time.monotonic() - started
+    (report_dir / "output.txt").write_text(result.stdout + result.stderr)
+    requests = json.loads(har.read_text())["log"]["entries"] if har.exists() else []
+    statuses: dict[int, int] = {}
+    for entry in requests:
+        statuses[entry["response"]["status"]] = statuses.get(entry["response"]["status"], 0) + 1
+    summary = (f"schemathesis on {stack}: seed {SEED}, {len(requests)} requests in {elapsed:.0f} s, "
+               f"exit {result.returncode}; statuses {dict(sorted(statuses.items()))}; report {report_dir.name}/")
+    FUZZ_SUMMARIES.append(summary)
+    (ROOT / "var" / f"schemathesis-{stack}.txt").write_text(summary + "\n\n" + result.stdout[-6000:])
+    print(summary)
+    assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
+    assert len(requests) >= MIN_REQUESTS, summary
+    assert 500 not in statuses, summary
