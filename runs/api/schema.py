@@ -47,12 +47,12 @@ NO_NUL_PATTERN = "^[^\\x00]*$"
 
 
 class ApiAutoSchema(AutoSchema):
-    def _map_serializer_field(self, field, direction, bypass_extensions=False):
-        schema = super()._map_serializer_field(field, direction, bypass_extensions)
-        if (direction == "request" and isinstance(field, serializers.CharField) and schema.get("type") == "string"
+    def _insert_field_validators(self, field, schema):
+        super()._insert_field_validators(field, schema)
+        # After DRF's own: its allow_blank handling would wrap a pattern in a oneOf that "" matches twice.
+        if (isinstance(field, serializers.CharField) and not field.read_only and schema.get("type") == "string"
                 and "pattern" not in schema and "format" not in schema):
             schema["pattern"] = NO_NUL_PATTERN
-        return schema
 
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)

@@ -86,6 +86,8 @@ class StrictSerializer(serializers.Serializer):
 
 
 class RunCreateSerializer(StrictSerializer):
+    """A run to submit: a plan (the static planner) or a goal (the llm planner)."""
+
     title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     planner = serializers.ChoiceField(choices=["static", "llm"], required=False, default="static")
     plan = PlanField(required=False)
@@ -113,6 +115,8 @@ class RunCreateSerializer(StrictSerializer):
 
 
 class PlanEvaluateSerializer(StrictSerializer):
+    """A plan to rate as POLICY_CHECK would, without a run."""
+
     plan = PlanField()
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=7 * 24 * 3600)
 

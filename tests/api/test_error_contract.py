@@ -228,3 +228,31 @@ def test_values_of_another_json_type_are_400(api, field, value):
     error = assert_envelope(api.post("/api/v1/runs", body, format="json"), 400, "invalid_input")
     assert field in error["details"]["fields"]
     assert Run.objects.count() == 0
+
+
+def test_a_planner_plan_with_a_nul_is_refused_by_validate_plan():
+    from runs.errors import ExecGoError
+    from runs.plan_schema import validate_plan
+
+    with pytest.raises(ExecGoError) as refused:
+        validate_plan({"steps": [{"id": "a", "tool": "shell", "params": {"script": "echo \u0000"}}]})
+    assert refused.value.envelope["code"] == "invalid_input"
+    assert refused.value.envelope["details"] == {"path": "plan.steps[0].params.script"}
+
+
+def test_unstorable_comment_on_the_approvals_api_is_400(tenant, agent, make_run):
+    from approvals.models import ApprovalRequest
+    from tests.conftest import make_user, open_approval, token_client
+
+    approval = open_approval(make_run("AWAITING_HITL"))
+    approver = token_client(make_user("bob", tenant, groups=("approvers",)))
+    for body in ('{"comment": "no\\u0000"}', '{"comment": "ok", "edits": {"a": {"argv": ["\\udfff"]}}}'):
+        assert_envelope(post_json(approver, f"/api/v1/approvals/{approval.pk}/approve", body), 400, "invalid_input")
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_callback_url_with_a_nul_is_400(api, settings):
+    settings.EXECGO_CALLBACK_ALLOWED_HOSTS = ["hooks.example.com"]
+    raw = json.dumps({"plan": shell_plan(["true"]), "callback_url": "https://hooks.example.com/\u0000"})
+    assert_envelope(post_json(api, "/api/v1/runs", raw), 400, "invalid_input")
+    assert Run.objects.count() == 0

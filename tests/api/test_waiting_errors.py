@@ -58,3 +58,30 @@ def test_wait_answers_a_final_run(http, make_run):
 def test_stream_refuses_a_bad_cursor(http, make_run, last_event_id):
     run = make_run("SUCCEEDED", closing_cause="succeeded")
     assert_envelope(http.get(f"/api/v1/runs/{run.pk}/stream?last_event_id={last_event_id}"), 400, "invalid_input")
+
+
+# --- the same contract over real HTTP, where Daphne and Django's ASGI handler
+# read the request before any view does ----------------------------------------
+
+def test_over_http_unrouted_paths_are_json_404s(http):
+    for path in ("/api/v1/", "/api/v1/runs/not-a-number", "/api/nothing"):
+        assert_envelope(http.get(path), 404, "not_found")
+
+
+def test_over_http_a_multipart_body_without_boundary_is_415(http):
+    response = http.post("/api/v1/runs", content=b"--x\r\n\r\n", headers={"Content-Type": "multipart/form-data"})
+    assert_envelope(response, 415, "invalid_input")
+
+
+def test_over_http_an_oversize_body_is_413(http):
+    from django.conf import settings
+
+    body = b'{"title": "' + b"x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 10) + b'"}'
+    response = http.post("/api/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    assert_envelope(response, 413, "invalid_input")
+
+
+def test_over_http_deep_json_is_400(http):
+    body = b"[" * 100_000 + b"]" * 100_000
+    response = http.post("/api/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    assert_envelope(response, 400, "invalid_input")
