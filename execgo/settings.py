@@ -156,6 +156,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("EXECGO_MAX_REQUEST_BYTES", 1024 * 1024)
 EXECGO_API_MAX_JSON_DEPTH = env_int("EXECGO_API_MAX_JSON_DEPTH", 64)
 # Longest long-poll of GET runs/{id}/events (a larger ?wait= waits this long).
 EXECGO_API_LONG_POLL_MAX_S = env_float("EXECGO_API_LONG_POLL_MAX_S", 30.0)
+# Longest GET runs/{id}/wait (a larger ?timeout= waits this long).
+EXECGO_API_WAIT_MAX_S = env_float("EXECGO_API_WAIT_MAX_S", 60.0)
 # Requests per authenticated user (DRF rate syntax: N/second|minute|hour|day;
 # empty: no throttling). Counted per web process (the local-memory cache).
 EXECGO_API_THROTTLE_RATE = env_str("EXECGO_API_THROTTLE_RATE", "1200/minute") or None
@@ -187,6 +189,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The waiting endpoints are Channels consumers, not DRF views: added by hand.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api.schema.add_waiting_endpoints",
+    ],
     # Enums named after what they list, not after the first field using them.
     "ENUM_NAME_OVERRIDES": {
         "RunStateEnum": "runs.statemachine.RunState",

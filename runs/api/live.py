@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from rest_framework.authtoken.models import Token
 
@@ -42,7 +43,6 @@ def _db(func):
     return database_sync_to_async(func, thread_sensitive=False)
 
 
-WAIT_MAX_S = 60.0
 KEEP_ALIVE_S = 15.0
 UNTIL = {
     "final": FINAL,
@@ -96,7 +96,7 @@ class _ApiConsumer(AsyncHttpConsumer):
                 raise _Refused(ErrorCode.INVALID_INPUT, f"method {self.scope['method']} not allowed", 405,
                                headers=[(b"Allow", b"GET")])
             query = {key: values[-1] for key, values in
-                     parse_qs(self.scope.get("query_string", b"").decode("latin-1")).items()}
+                     parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).items()}
             await self.respond(await _authenticate(self.scope), int(self.scope["url_route"]["kwargs"]["run_id"]),
                                query)
         except _Refused as refused:
@@ -144,7 +144,7 @@ class RunWaitConsumer(_ApiConsumer):
             timeout = math.nan
         if not math.isfinite(timeout) or timeout < 0:
             raise _Refused(ErrorCode.INVALID_INPUT, "timeout must be a non-negative number of seconds", 400)
-        timeout = min(timeout, WAIT_MAX_S)
+        timeout = min(timeout, settings.EXECGO_API_WAIT_MAX_S)
         if await _db(_run_of)(user, run_id) is None:
             raise _Refused(ErrorCode.NOT_FOUND, f"no run {run_id}", 404)
         await relay.ensure_started()
@@ -196,7 +196,7 @@ class RunStreamConsumer(_ApiConsumer):
     ``: keep-alive`` comments while quiet; closes after the final state."""
 
     async def respond(self, user, run_id: int, query: dict) -> None:
-        raw = _headers(self.scope).get("last-event-id") or query.get("last_event_id") or "0"
+        raw = _headers(self.scope).get("last-event-id") or query.get("last_event_id", "0")
         if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_EVENT_ID:
             raise _Refused(ErrorCode.INVALID_INPUT, "Last-Event-ID must be an event id", 400)
         last = int(raw)

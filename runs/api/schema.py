@@ -62,3 +62,53 @@ class ApiAutoSchema(AutoSchema):
             responses.setdefault(str(status), self._get_response_for_code(
                 OpenApiResponse(ErrorSerializer, description=ERROR_DESCRIPTIONS[status]), str(status)))
         return dict(sorted(responses.items()))
+
+
+def _errors(*statuses: int) -> dict:
+    return {str(status): {"description": ERROR_DESCRIPTIONS[status],
+                          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+            for status in statuses}
+
+
+def add_waiting_endpoints(result, generator, request, public):
+    """POSTPROCESSING_HOOK: ``runs/{id}/wait`` and ``runs/{id}/stream``
+    (runs/api/live.py) answer before Django, so no view describes them;
+    their bodies are the Run serializer's component and the error envelope."""
+    from runs.api.live import UNTIL
+
+    run_id = {"in": "path", "name": "run_id", "required": True, "schema": {"type": "integer"}}
+    common = {"tags": ["runs"], "security": [{"tokenAuth": []}, {"cookieAuth": []}]}
+    result["paths"]["/api/v1/runs/{run_id}/wait"] = {"get": {
+        **common,
+        "operationId": "runs_wait_retrieve",
+        "description": "The run as soon as it is in that kind of state (reached: true), or as it is at the timeout "
+                       "(reached: false); answers at once for a final run.",
+        "parameters": [
+            run_id,
+            {"in": "query", "name": "until", "schema": {"type": "string", "enum": list(UNTIL), "default": "final"}},
+            {"in": "query", "name": "timeout", "schema": {"type": "number", "minimum": 0, "default": 30},
+             "description": "seconds; more than EXECGO_API_WAIT_MAX_S (60) waits that long"},
+        ],
+        "responses": {
+            "200": {"description": "", "content": {"application/json": {"schema": {"allOf": [
+                {"$ref": "#/components/schemas/Run"},
+                {"type": "object", "required": ["reached"], "properties": {"reached": {"type": "boolean"}}},
+            ]}}}},
+            **_errors(400, 401, 404, 500),
+        },
+    }}
+    result["paths"]["/api/v1/runs/{run_id}/stream"] = {"get": {
+        **common,
+        "operationId": "runs_stream_retrieve",
+        "description": "Server-Sent Events, one per outbox row of the run (id, event = its type, data = the event), "
+                       "from Last-Event-ID on; ': keep-alive' comments while quiet; ends after the final state.",
+        "parameters": [
+            run_id,
+            {"in": "header", "name": "Last-Event-ID", "schema": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
+            {"in": "query", "name": "last_event_id", "schema": {"type": "integer", "minimum": 0,
+                                                                "maximum": 2**63 - 1}},
+        ],
+        "responses": {"200": {"description": "", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                      **_errors(400, 401, 404, 500)},
+    }}
+    return result

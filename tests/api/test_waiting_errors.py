@@ -41,7 +41,7 @@ def test_waiting_endpoints_refuse_with_envelopes(http, make_run, endpoint):
     assert_envelope(http.get(f"/api/v1/runs/not-a-number/{endpoint}"), 404, "not_found")
 
 
-@pytest.mark.parametrize("query", ["until=soon", "timeout=nan", "timeout=-1", "timeout=inf", "timeout=abc",
+@pytest.mark.parametrize("query", ["until=soon", "until=", "timeout=", "timeout=nan", "timeout=-1", "timeout=inf", "timeout=abc",
                                    "timeout=1e999"])
 def test_wait_refuses_bad_parameters(http, make_run, query):
     run = make_run("SUCCEEDED", closing_cause="succeeded")
@@ -54,7 +54,7 @@ def test_wait_answers_a_final_run(http, make_run):
     assert (body["id"], body["reached"], body["state"]) == (run.pk, True, "SUCCEEDED")
 
 
-@pytest.mark.parametrize("last_event_id", ["x", "-1", "1.5", str(2**63), "9" * 40, "%00"])
+@pytest.mark.parametrize("last_event_id", ["", "x", "-1", "1.5", str(2**63), "9" * 40, "%00"])
 def test_stream_refuses_a_bad_cursor(http, make_run, last_event_id):
     run = make_run("SUCCEEDED", closing_cause="succeeded")
     assert_envelope(http.get(f"/api/v1/runs/{run.pk}/stream?last_event_id={last_event_id}"), 400, "invalid_input")
