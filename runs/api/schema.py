@@ -47,6 +47,14 @@ NO_NUL_PATTERN = "^[^\\x00]*$"
 
 
 class ApiAutoSchema(AutoSchema):
+    def _map_basic_serializer(self, serializer, direction):
+        from runs.api.serializers import StrictSerializer
+
+        schema = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and isinstance(serializer, StrictSerializer):
+            schema["additionalProperties"] = False  # it refuses unknown fields
+        return schema
+
     def _insert_field_validators(self, field, schema):
         super()._insert_field_validators(field, schema)
         # After DRF's own: its allow_blank handling would wrap a pattern in a oneOf that "" matches twice.

@@ -68,6 +68,15 @@ def _json_type_error(field: serializers.Field, value) -> str | None:
     return None
 
 
+class StringField(serializers.CharField):
+    """A CharField that takes a JSON string only (DRF's turns 0 into "0")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know instead of silently dropping them,
     and values of another JSON type than the field's."""

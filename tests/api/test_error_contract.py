@@ -256,3 +256,24 @@ def test_callback_url_with_a_nul_is_400(api, settings):
     raw = json.dumps({"plan": shell_plan(["true"]), "callback_url": "https://hooks.example.com/\u0000"})
     assert_envelope(post_json(api, "/api/v1/runs", raw), 400, "invalid_input")
     assert Run.objects.count() == 0
+
+
+def test_approvals_api_holds_to_its_schema(tenant, agent, make_run):
+    from approvals.models import ApprovalRequest
+    from tests.conftest import make_user, open_approval, token_client
+
+    approval = open_approval(make_run("AWAITING_HITL"))
+    approver = token_client(make_user("carol", tenant, groups=("approvers",)))
+    assert_envelope(approver.get("/api/v1/approvals?status="), 400, "invalid_input")
+    for verb in ("approve", "reject"):
+        response = approver.post(f"/api/v1/approvals/{approval.pk}/{verb}", {"comment": 0}, format="json")
+        assert_envelope(response, 400, "invalid_input")
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_request_bodies_refuse_unknown_fields_in_the_schema():
+    from drf_spectacular.generators import SchemaGenerator
+
+    components = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
+    assert components["RunCreate"]["additionalProperties"] is False
+    assert components["PlanEvaluate"]["additionalProperties"] is False

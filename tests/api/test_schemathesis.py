@@ -24,8 +24,9 @@ import time
 from django.conf import settings
 from rest_framework.authtoken.models import Token
 
+from runs.models import Run
 from tests.api.conftest import FUZZ_SUMMARIES, offline_env
-from tests.conftest import ROOT, make_user
+from tests.conftest import ROOT, make_user, open_approval
 
 SEED = int(os.environ.get("EXECGO_FUZZ_SEED", "20261201"))
 MAX_EXAMPLES = 100
@@ -43,27 +44,25 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403",
 """
 
 
-def test_schemathesis_finds_nothing(api_server, tenant):
-    agent = make_user("fuzz-agent", tenant, groups=("agents",))
-    token = Token.objects.create(user=agent)
+def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]) -> tuple[str, int, dict]:
     stack = "sqlite" if settings.IS_SQLITE else "postgres"
-    report_dir = ROOT / "var" / f"schemathesis-{stack}"
+    report_dir = ROOT / "var" / f"schemathesis-{stack}" / name
     report_dir.mkdir(parents=True, exist_ok=True)
     config = report_dir / "schemathesis.toml"
     config.write_text(CONFIG)
     har = report_dir / "requests.har"
-    report = report_dir / "report.json"
+    har.unlink(missing_ok=True)
     command = [
         sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()",
-        "--config-file", str(config), "run", f"{api_server.url}/api/v1/schema/",
-        "--exclude-path-regex", "/stream$", "--checks", "all", "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
-        "--header", f"Authorization: Token {token.key}", "--generation-database", "none",
+        "--config-file", str(config), "run", f"{server_url}/api/v1/schema/", *extra,
+        "--checks", "all", "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
+        "--header", f"Authorization: Token {token}", "--generation-database", "none",
         "--request-timeout", "30", "--max-redirects", "0",
-        "--report", "har,json", "--report-har-path", str(har), "--report-json-path", str(report),
+        "--report", "har,json", "--report-har-path", str(har), "--report-json-path", str(report_dir / "report.json"),
         "--no-color", "--output-truncate", "false",
     ]
     started = time.monotonic()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIME_BUDGET_S + 120,
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIME_BUDGET_S,
                             env={**os.environ, **offline_env(), "PYTHONUNBUFFERED": "1"})
     elapsed = time.monotonic() - started
     (report_dir / "output.txt").write_text(result.stdout + result.stderr)
@@ -71,11 +70,41 @@ def test_schemathesis_finds_nothing(api_server, tenant):
     statuses: dict[int, int] = {}
     for entry in requests:
         statuses[entry["response"]["status"]] = statuses.get(entry["response"]["status"], 0) + 1
-    summary = (f"schemathesis on {stack}: seed {SEED}, {len(requests)} requests in {elapsed:.0f} s, "
-               f"exit {result.returncode}; statuses {dict(sorted(statuses.items()))}; report {report_dir.name}/")
+    failures = _failures(result.stdout)
+    summary = (f"schemathesis on {stack} as {name}: seed {SEED}, {len(requests)} requests in {elapsed:.0f} s, "
+               f"{failures} failures, exit {result.returncode}; statuses {dict(sorted(statuses.items()))}; "
+               f"report var/{report_dir.relative_to(ROOT / 'var')}/")
     FUZZ_SUMMARIES.append(summary)
-    (ROOT / "var" / f"schemathesis-{stack}.txt").write_text(summary + "\n\n" + result.stdout[-6000:])
     print(summary)
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
-    assert len(requests) >= MIN_REQUESTS, summary
     assert 500 not in statuses, summary
+    return summary, len(requests), statuses
+
+
+def _failures(output: str) -> int:
+    """The count in schemathesis' "Test cases: N generated, M found K unique failures" line (0 without it)."""
+    for line in output.splitlines():
+        if "unique failures" in line:
+            return int(line.split("found", 1)[1].split()[0])
+    return 0
+
+
+def test_schemathesis_finds_nothing(api_server, tenant):
+    agent = make_user("fuzz-agent", tenant, groups=("agents",))
+    summary, agent_requests, _ = run_schemathesis(
+        api_server.url, Token.objects.create(user=agent).key, name="agent",
+        # An event stream of a run that never ends stays open until the client gives up.
+        extra=["--exclude-path-regex", "/stream$"])
+    # A person in the approvers group, with requests to decide on runs the agent submitted.
+    approver = make_user("fuzz-approver", tenant, groups=("approvers",))
+    for run in Run.objects.filter(state="CREATED")[:5]:
+        open_approval(run)
+    _, approver_requests, statuses = run_schemathesis(
+        api_server.url, Token.objects.create(user=approver).key, name="approver",
+        extra=["--include-path-regex", "^/api/v1/approvals"])
+    total = agent_requests + approver_requests
+    FUZZ_SUMMARIES.append(f"schemathesis total: {total} requests, seed {SEED}")
+    (ROOT / "var" / f"schemathesis-{'sqlite' if settings.IS_SQLITE else 'postgres'}.txt").write_text(
+        "\n".join(FUZZ_SUMMARIES) + "\n")
+    assert total >= MIN_REQUESTS, summary
+    assert statuses.get(200, 0) > 0, "the approver reached no approval"
