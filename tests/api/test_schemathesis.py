@@ -70,23 +70,18 @@ def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]
     statuses: dict[int, int] = {}
     for entry in requests:
         statuses[entry["response"]["status"]] = statuses.get(entry["response"]["status"], 0) + 1
-    failures = _failures(result.stdout)
-    summary = (f"schemathesis on {stack} as {name}: seed {SEED}, {len(requests)} requests in {elapsed:.0f} s, "
-               f"{failures} failures, exit {result.returncode}; statuses {dict(sorted(statuses.items()))}; "
-               f"report var/{report_dir.relative_to(ROOT / 'var')}/")
+    report = json.loads((report_dir / "report.json").read_text())
+    cases, operations = report["test_cases"], report["operations"]
+    summary = (f"schemathesis on {stack} as {name}: seed {SEED}, {len(requests)} requests, "
+               f"{cases['generated']} test cases on {operations['tested']} operations, every check, "
+               f"{cases['unique_failures']} failures, {cases['errored']} errors, {elapsed:.0f} s; "
+               f"statuses {dict(sorted(statuses.items()))}; report var/{report_dir.relative_to(ROOT / 'var')}/")
     FUZZ_SUMMARIES.append(summary)
     print(summary)
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
+    assert (cases["unique_failures"], cases["errored"], report["complete"]) == (0, 0, True), summary
     assert 500 not in statuses, summary
     return summary, len(requests), statuses
-
-
-def _failures(output: str) -> int:
-    """The count in schemathesis' "Test cases: N generated, M found K unique failures" line (0 without it)."""
-    for line in output.splitlines():
-        if "unique failures" in line:
-            return int(line.split("found", 1)[1].split()[0])
-    return 0
 
 
 def test_schemathesis_finds_nothing(api_server, tenant):
