@@ -19,9 +19,11 @@ from rest_framework.exceptions import ParseError
 from runs.errors import ErrorCode, ExecGoError
 from runs.plan_schema import unstorable_error
 
-# A complete JSON string (escapes included): removed before brackets are
-# counted, so a "[" inside a string is not nesting.
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A JSON string (escapes included), removed before brackets are counted so
+# a "[" inside a string is not nesting. An unterminated one runs to the end
+# of the text: a match that could fail would be retried from every later
+# quote, quadratic in a body of escaped quotes.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.DOTALL)
 _BRACKET = re.compile(r"[\[\]{}]")
 
 

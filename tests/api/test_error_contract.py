@@ -277,3 +277,14 @@ def test_request_bodies_refuse_unknown_fields_in_the_schema():
     components = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
     assert components["RunCreate"]["additionalProperties"] is False
     assert components["PlanEvaluate"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("raw", ['{"title": "' + '\\"' * 400_000, '"' * 900_000, '["' + "\\" * 900_000])
+def test_depth_count_stays_linear_on_unterminated_strings(api, raw):
+    """A scan that retried a failed string match from every later quote took
+    14 s for 80 kB of escaped quotes (hours for the body limit)."""
+    import time
+
+    started = time.monotonic()
+    assert_envelope(post_json(api, "/api/v1/runs", raw), 400, "invalid_input")
+    assert time.monotonic() - started < 10  # generous: linear takes well under a second

@@ -62,7 +62,7 @@ def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]
         "--no-color", "--output-truncate", "false",
     ]
     started = time.monotonic()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIME_BUDGET_S,
+    result = subprocess.run(command, cwd=report_dir, capture_output=True, text=True, timeout=TIME_BUDGET_S,
                             env={**os.environ, **offline_env(), "PYTHONUNBUFFERED": "1"})
     elapsed = time.monotonic() - started
     (report_dir / "output.txt").write_text(result.stdout + result.stderr)
