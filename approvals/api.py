@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, ApprovalStatus
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
+from runs.api.serializers import StringField
 
 
 class IsHumanApprover(BasePermission):
@@ -48,7 +49,7 @@ class ApprovalRequestSerializer(serializers.ModelSerializer):
 
 
 class CommentSerializer(serializers.Serializer):
-    comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    comment = StringField(max_length=2000, required=False, allow_blank=True, default="")
 
 
 class ApproveSerializer(CommentSerializer):
@@ -69,8 +70,8 @@ class ApprovalListView(APIView):
     @extend_schema(responses=ApprovalRequestSerializer(many=True), parameters=[
         OpenApiParameter("status", str, enum=[*ApprovalStatus.values, "decided"], required=False)])
     def get(self, request):
-        status = request.query_params.get("status") or None
-        if status is not None and status not in (*ApprovalStatus.values, "decided"):
+        status = request.query_params.get("status")
+        if status is not None and status not in (*ApprovalStatus.values, "decided"):  # "" too: not a status
             raise ValidationError({"status": [f"unknown status {status!r}"]})
         approvals = requests_for_user(request.user, status=status).prefetch_related("decisions__decider")[:200]
         return Response(ApprovalRequestSerializer(approvals, many=True).data)

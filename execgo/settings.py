@@ -177,16 +177,32 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("EXECGO_MAX_REQUEST_BYTES", 1024 * 1024)
 
 # --- REST API ---------------------------------------------------------------
 
+# Over the size limit (DATA_UPLOAD_MAX_MEMORY_SIZE above) a body is 413;
+# deeper than this its JSON is refused before it is decoded.
+EXECGO_API_MAX_JSON_DEPTH = env_int("EXECGO_API_MAX_JSON_DEPTH", 64)
+# Longest long-poll of GET runs/{id}/events (a larger ?wait= waits this long).
+EXECGO_API_LONG_POLL_MAX_S = env_float("EXECGO_API_LONG_POLL_MAX_S", 30.0)
+# Longest GET runs/{id}/wait (a larger ?timeout= waits this long).
+EXECGO_API_WAIT_MAX_S = env_float("EXECGO_API_WAIT_MAX_S", 60.0)
+# Requests per authenticated user (DRF rate syntax: N/second|minute|hour|day;
+# empty: no throttling). Counted per web process (the local-memory cache).
+EXECGO_API_THROTTLE_RATE = env_str("EXECGO_API_THROTTLE_RATE", "1200/minute") or None
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "runs.api.authentication.StrictTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.StrictJSONParser"],
+    # JSON only: an error is the envelope whatever the Accept header (the
+    # browsable API would answer HTML); the docs are at /api/v1/docs/.
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "runs.api.schema.ApiAutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "runs.api.pagination.StrictPageNumberPagination",
     "PAGE_SIZE": 50,
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"] if EXECGO_API_THROTTLE_RATE else [],
+    "DEFAULT_THROTTLE_RATES": {"user": EXECGO_API_THROTTLE_RATE},
     "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -199,6 +215,17 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The waiting endpoints are Channels consumers, not DRF views: added by hand.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api.schema.add_waiting_endpoints",
+    ],
+    # Enums named after what they list, not after the first field using them.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStateEnum": "runs.statemachine.RunState",
+        "ClosingCauseEnum": "runs.statemachine.ClosingCause",
+        "ErrorCodeEnum": "runs.errors.ErrorCode",
+    },
 }
 
 # --- Celery -----------------------------------------------------------------

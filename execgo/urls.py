@@ -1,11 +1,18 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from approvals import api as approvals_api
 from execgo import health
+from runs.api import errors as api_errors
 from runs.web.metrics import metrics_view
+
+# Under /api/ Django's own error pages are the API's error envelope.
+handler400 = api_errors.bad_request
+handler403 = api_errors.permission_denied
+handler404 = api_errors.page_not_found
+handler500 = api_errors.server_error
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -18,6 +25,8 @@ urlpatterns = [
     path("api/v1/approvals/<int:request_id>/reject", approvals_api.ApprovalRejectView.as_view(),
          name="api-approval-reject"),
     path("api/v1/", include("runs.api.urls")),
+    # Last of the API: any other path under /api/ is a 404 envelope, for every method.
+    re_path(r"^api(?:/|$)", api_errors.api_not_found),
     path("approvals/", include("approvals.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

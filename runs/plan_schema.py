@@ -5,6 +5,7 @@ a 400 before anything is stored, and by PLANNING, which is the stage that
 owns the decision (a plan arriving by another route is checked there too).
 """
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +20,51 @@ KNOWN_TOOLS = ("shell", "http", "file")
 STEP_KEYS = {"id", "tool", "params", "depends_on", "timeout_s", "retries", "sandbox"}
 MAX_STEP_ID_LENGTH = 100
 MAX_RETRIES = 10
+
+
+# What neither database stores in text or JSON: PostgreSQL refuses NUL in
+# text and \u0000 in jsonb, and a lone surrogate cannot be encoded as UTF-8
+# at all (SQLite's driver and psycopg both raise).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable_in(text: str) -> str | None:
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    return "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+
+
+def find_unstorable(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first string (a key or a value, at any depth) that no database
+    can store, as ``(path, what)``; None when every string is storable.
+    Iterative: a value is walked without recursion whatever its depth."""
+    pending: list[tuple[str, Any]] = [(path, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, str):
+            what = _unstorable_in(item)
+            if what is not None:
+                return where or "(value)", what
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and (what := _unstorable_in(key)) is not None:
+                    return f"{where}{'.' if where else ''}{key!r}", f"{what} in a key"
+                pending.append((f"{where}{'.' if where else ''}{key}", child))
+        elif isinstance(item, (list, tuple)):
+            pending.extend((f"{where}[{index}]", child) for index, child in enumerate(item))
+    return None
+
+
+def unstorable_error(value: Any, *, path: str = "", source: str = "scheduler") -> ExecGoError | None:
+    """An ``invalid_input`` error naming the first unstorable string of
+    ``value``, or None."""
+    found = find_unstorable(value, path)
+    if found is None:
+        return None
+    where, what = found
+    return ExecGoError(ErrorCode.INVALID_INPUT, f"{where} contains {what}, which cannot be stored",
+                       source=source, retryable=False, details={"path": where})
 
 
 def _invalid(message: str, **details: Any) -> ExecGoError:
@@ -57,6 +103,9 @@ def validate_plan(plan: Any) -> list[dict]:
     exact problem otherwise."""
     if not isinstance(plan, dict) or set(plan) - {"steps"}:
         raise _invalid("plan must be an object with a single 'steps' list")
+    # Before anything else reads it: a plan can also come from a planner.
+    if (error := unstorable_error(plan, path="plan")) is not None:
+        raise error
     steps = plan.get("steps")
     if not isinstance(steps, list) or not steps:
         raise _invalid("plan.steps must be a non-empty list")

@@ -14,20 +14,26 @@ envelope.
 
 import asyncio
 import json
+import logging
+import math
 import time
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from rest_framework.authtoken.models import Token
 
+from runs.api.authentication import plausible_token_key
 from runs.api.serializers import RunSerializer
 from runs.errors import ErrorCode, error_envelope
 from runs.models import Event, EventType, Run
 from runs.selectors import LIVE_EVENT_FIELDS, runs_for_user
 from runs.statemachine import FINAL, RunState
 from runs.web.relay import event_payload, relay
+
+logger = logging.getLogger(__name__)
 
 
 def _db(func):
@@ -37,7 +43,6 @@ def _db(func):
     return database_sync_to_async(func, thread_sensitive=False)
 
 
-WAIT_MAX_S = 60.0
 KEEP_ALIVE_S = 15.0
 UNTIL = {
     "final": FINAL,
@@ -45,16 +50,20 @@ UNTIL = {
     "any": FINAL | {RunState.AWAITING_HITL},
 }
 STREAM_BACKLOG = 1000  # events read per page of a replay
+MAX_EVENT_ID = 2**63 - 1  # a bigint
 
 
 class _Refused(Exception):
-    def __init__(self, code: str, message: str, status: int, **details) -> None:
+    def __init__(self, code: str, message: str, status: int, *, headers=(), **details) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = list(headers)
         self.body = {"error": error_envelope(code, message, source="api", details=details)}
 
 
 def _user_for_token(key: str):
+    if not plausible_token_key(key):  # e.g. a NUL, which PostgreSQL refuses in a query
+        return None
     token = Token.objects.select_related("user").filter(key=key).first()
     return token.user if token is not None and token.user.is_active else None
 
@@ -84,13 +93,31 @@ class _ApiConsumer(AsyncHttpConsumer):
     async def handle(self, body: bytes) -> None:
         try:
             if self.scope["method"] != "GET":
-                raise _Refused(ErrorCode.INVALID_INPUT, f"method {self.scope['method']} not allowed", 405)
-            query = {key: values[-1] for key, values in parse_qs(self.scope.get("query_string", b"").decode()).items()}
+                raise _Refused(ErrorCode.INVALID_INPUT, f"method {self.scope['method']} not allowed", 405,
+                               headers=[(b"Allow", b"GET")])
+            query = {key: values[-1] for key, values in
+                     parse_qs(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).items()}
             await self.respond(await _authenticate(self.scope), int(self.scope["url_route"]["kwargs"]["run_id"]),
                                query)
         except _Refused as refused:
-            await self.send_response(refused.status, _json(refused.body),
-                                     headers=[(b"Content-Type", b"application/json")])
+            await self._send_error(refused)
+        except Exception:
+            if self._headers_sent:
+                raise  # mid-stream: nothing but closing is left
+            logger.exception("unhandled API error")
+            await self._send_error(_Refused(ErrorCode.INTERNAL, "internal error", 500))
+
+    _headers_sent = False
+
+    async def send_headers(self, *args, **kwargs):
+        self._headers_sent = True
+        await super().send_headers(*args, **kwargs)
+
+    async def _send_error(self, refused: _Refused) -> None:
+        if refused.status == 500:
+            refused.body["error"]["retryable"] = False  # a bug: the same request fails the same way
+        await self.send_response(refused.status, _json(refused.body),
+                                 headers=[(b"Content-Type", b"application/json"), *refused.headers])
 
 
 def _run_of(user, run_id: int) -> Run | None:
@@ -112,9 +139,12 @@ class RunWaitConsumer(_ApiConsumer):
         if until not in UNTIL:
             raise _Refused(ErrorCode.INVALID_INPUT, f"until must be one of {', '.join(UNTIL)}", 400, until=until)
         try:
-            timeout = min(max(float(query.get("timeout", "30")), 0.0), WAIT_MAX_S)
+            timeout = float(query.get("timeout", "30"))
         except ValueError:
-            raise _Refused(ErrorCode.INVALID_INPUT, "timeout must be a number of seconds", 400) from None
+            timeout = math.nan
+        if not math.isfinite(timeout) or timeout < 0:
+            raise _Refused(ErrorCode.INVALID_INPUT, "timeout must be a non-negative number of seconds", 400)
+        timeout = min(timeout, settings.EXECGO_API_WAIT_MAX_S)
         if await _db(_run_of)(user, run_id) is None:
             raise _Refused(ErrorCode.NOT_FOUND, f"no run {run_id}", 404)
         await relay.ensure_started()
@@ -166,8 +196,8 @@ class RunStreamConsumer(_ApiConsumer):
     ``: keep-alive`` comments while quiet; closes after the final state."""
 
     async def respond(self, user, run_id: int, query: dict) -> None:
-        raw = _headers(self.scope).get("last-event-id") or query.get("last_event_id") or "0"
-        if not raw.isascii() or not raw.isdigit():
+        raw = _headers(self.scope).get("last-event-id") or query.get("last_event_id", "0")
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 19 or int(raw) > MAX_EVENT_ID:
             raise _Refused(ErrorCode.INVALID_INPUT, "Last-Event-ID must be an event id", 400)
         last = int(raw)
         if await _db(_run_of)(user, run_id) is None:

@@ -2,13 +2,84 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from runs.models import CALLBACK_EVENTS, Event, Job, MemoryEntry, Run, Step
+from runs.models import CALLBACK_EVENTS, Event, EventType, Job, MemoryEntry, Run, Step, StepRunStatus
+from runs.plan_schema import KNOWN_TOOLS, MAX_RETRIES, MAX_STEP_ID_LENGTH, STEP_KEYS
+from runs.statemachine import ClosingCause
+from runtime.plan_resolver import MODES, PROFILES
+
+
+def plan_json_schema() -> dict:
+    """What ``runs.plan_schema.validate_plan`` checks, as far as JSON Schema
+    can say it (unique ids, known dependencies, no cycle and each tool's
+    params are checked there and answered with a 400)."""
+    step = {
+        "type": "object",
+        "required": ["id", "tool"],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string", "minLength": 1, "maxLength": MAX_STEP_ID_LENGTH},
+            "tool": {"type": "string", "enum": list(KNOWN_TOOLS)},
+            "params": {"type": "object", "description": "shell: argv | script, cwd?, env?, stdin?; "
+                                                        "http: method, url, headers?, body?, timeout_s?; "
+                                                        "file: op, path, content?"},
+            "depends_on": {"type": "array", "items": {"type": "string"}},
+            "timeout_s": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 86400},
+            "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES},
+            "sandbox": {"type": "object", "additionalProperties": False, "properties": {
+                "profile": {"type": "string", "enum": list(PROFILES)},
+                "mode": {"type": "string", "enum": list(MODES)},
+                "limits": {"type": "object"},
+            }},
+        },
+    }
+    assert set(step["properties"]) == STEP_KEYS
+    return {"type": "object", "required": ["steps"], "additionalProperties": False, "properties": {
+        "steps": {"type": "array", "minItems": 1, "maxItems": settings.EXECGO_MAX_PLAN_STEPS, "items": step}}}
+
+
+@extend_schema_field(plan_json_schema())
+class PlanField(serializers.JSONField):
+    """A plan: an object (never null); its contents are validated by
+    ``validate_plan`` where it is used."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object with a 'steps' list")
+        return super().to_internal_value(data)
+
+
+def _json_type_error(field: serializers.Field, value) -> str | None:
+    """DRF coerces (0 to "0" for a CharField, "5" to 5 for an
+    IntegerField); the schema promises JSON types, so they are held to."""
+    if value is None:
+        return None  # allow_null decides
+    if isinstance(field, (serializers.CharField, serializers.ChoiceField)) and not isinstance(value, str):
+        return "must be a string"
+    if isinstance(field, serializers.IntegerField) and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be an integer"
+    if isinstance(field, serializers.ListField) and not isinstance(value, list):
+        return "must be a list"
+    if isinstance(field, serializers.ListField) and isinstance(field.child, serializers.ChoiceField):
+        if not all(isinstance(item, str) for item in value):
+            return "must be a list of strings"
+    return None
+
+
+class StringField(serializers.CharField):
+    """A CharField that takes a JSON string only (DRF's turns 0 into "0")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know instead of silently dropping them."""
+    """Refuses fields it does not know instead of silently dropping them,
+    and values of another JSON type than the field's."""
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -16,13 +87,19 @@ class StrictSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        wrong = {name: [error] for name, value in data.items()
+                 if (error := _json_type_error(self.fields[name], value)) is not None}
+        if wrong:
+            raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
 
 
 class RunCreateSerializer(StrictSerializer):
+    """A run to submit: a plan (the static planner) or a goal (the llm planner)."""
+
     title = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     planner = serializers.ChoiceField(choices=["static", "llm"], required=False, default="static")
-    plan = serializers.JSONField(required=False)
+    plan = PlanField(required=False)
     goal = serializers.CharField(max_length=20000, required=False, allow_blank=False)
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=7 * 24 * 3600)
     approval_timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=30 * 24 * 3600)
@@ -47,7 +124,9 @@ class RunCreateSerializer(StrictSerializer):
 
 
 class PlanEvaluateSerializer(StrictSerializer):
-    plan = serializers.JSONField()
+    """A plan to rate as POLICY_CHECK would, without a run."""
+
+    plan = PlanField()
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=7 * 24 * 3600)
 
 
@@ -64,6 +143,8 @@ class PolicyEvaluationSerializer(serializers.Serializer):
 
 class StepSerializer(serializers.ModelSerializer):
     id = serializers.CharField(source="step_id")
+    # Empty until the step's first execution is accepted.
+    run_status = serializers.ChoiceField(choices=StepRunStatus.choices, allow_blank=True, read_only=True)
 
     class Meta:
         model = Step
@@ -72,8 +153,14 @@ class StepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def _closing_cause_field():
+    # Empty until the run enters TRACING.
+    return serializers.ChoiceField(choices=ClosingCause.choices, allow_blank=True, read_only=True)
+
+
 class RunSerializer(serializers.ModelSerializer):
     steps = StepSerializer(many=True, read_only=True)
+    closing_cause = _closing_cause_field()
     allowed_actions = serializers.SerializerMethodField()
 
     class Meta:
@@ -101,6 +188,8 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class RunSummarySerializer(serializers.ModelSerializer):
+    closing_cause = _closing_cause_field()
+
     class Meta:
         model = Run
         fields = ["id", "job", "title", "state", "closing_cause", "retry_of", "created_at", "last_state_change_at",
@@ -109,10 +198,21 @@ class RunSummarySerializer(serializers.ModelSerializer):
 
 
 class EventSerializer(serializers.ModelSerializer):
+    type = serializers.ChoiceField(choices=EventType.choices, read_only=True)
+
     class Meta:
         model = Event
         fields = ["id", "type", "run_id", "task_id", "handle_id", "timestamp", "message", "data"]
         read_only_fields = fields
+
+
+class EventPageSerializer(serializers.Serializer):
+    """``GET runs/{id}/events``: the run's events after the cursor, and the
+    cursor to pass as ``after`` next time."""
+
+    run_id = serializers.IntegerField()
+    events = EventSerializer(many=True)
+    last_event_id = serializers.IntegerField(min_value=0)
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -2,16 +2,17 @@
 
 import time
 
+from django.conf import settings
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from runs.api.serializers import (
-    EventSerializer,
+    EventPageSerializer,
     JobSerializer,
     MemorySerializer,
     PlanEvaluateSerializer,
@@ -22,26 +23,39 @@ from runs.api.serializers import (
 )
 from runs.dataplane import step_log_path
 from runs.models import Run
+from runs.plan_schema import find_unstorable
 from runs.policy import policy_dry_run
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
 from runs.statemachine import RunState
 
-LONG_POLL_MAX_S = 30.0
 LONG_POLL_INTERVAL_S = 0.2
+MAX_IDEMPOTENCY_KEY_LENGTH = 200
+EXAMPLE_PLAN = {"steps": [
+    {"id": "greet", "tool": "shell", "params": {"argv": ["echo", "hello"]}},
+    {"id": "count", "tool": "shell", "params": {"script": "echo $((40 + 2))"}, "depends_on": ["greet"]},
+]}
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    description="a resubmission with the same key and body returns the first run (200); another body is 409",
+    pattern=f"^[\\x20-\\x7e]{{0,{MAX_IDEMPOTENCY_KEY_LENGTH}}}$",
+)
 
 
 def _user_run(request, run_id: int) -> Run:
     return get_object_or_404(runs_for_user(request.user), pk=run_id)
 
 
+@extend_schema_view(get=extend_schema(parameters=[
+    OpenApiParameter("state", str, enum=RunState.values, required=False, description="only runs in this state"),
+]))
 class RunListCreateView(generics.ListAPIView):
     serializer_class = RunSummarySerializer
 
     def get_queryset(self):
         runs = runs_for_user(self.request.user).order_by("-id")
         state = self.request.query_params.get("state")
-        if state:
+        if state is not None:
             if state not in RunState.values:
                 raise ValidationError({"state": [f"unknown state {state!r}"]})
             runs = runs.filter(state=state)
@@ -50,7 +64,11 @@ class RunListCreateView(generics.ListAPIView):
     @extend_schema(
         request=RunCreateSerializer,
         responses={201: RunSerializer, 200: RunSerializer},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        parameters=[IDEMPOTENCY_KEY],
+        examples=[OpenApiExample("two shell steps", request_only=True, value={"title": "hello", "plan": EXAMPLE_PLAN}),
+                  OpenApiExample("a file write", request_only=True, value={"plan": {"steps": [
+                      {"id": "note", "tool": "file", "params": {"op": "write", "path": "note.txt",
+                                                                 "content": "hello"}}]}, "timeout_s": 60})],
     )
     def post(self, request):
         tenant = tenant_of(request.user)
@@ -59,8 +77,9 @@ class RunListCreateView(generics.ListAPIView):
         serializer = RunCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         key = request.headers.get("Idempotency-Key") or None
-        if key is not None and len(key) > 200:
-            raise ValidationError({"Idempotency-Key": ["at most 200 characters"]})
+        if key is not None and not (key.isascii() and key.isprintable() and len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH):
+            raise ValidationError({"Idempotency-Key": [
+                f"at most {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters"]})
         submission = run_submit(tenant=tenant, user=request.user, idempotency_key=key, **serializer.validated_data)
         return Response(RunSerializer(submission.run).data,
                         status=status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK)
@@ -91,49 +110,55 @@ class RunRetryView(APIView):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
+MAX_CURSOR = 2**63 - 1  # the largest id a bigint holds
+
+
 def _non_negative_int(request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
-    if raw in (None, ""):
+    if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: ["must be an integer"]}) from None
-    if value < 0:
-        raise ValidationError({name: ["must not be negative"]})
-    return value
+    # ASCII digits only: int() would also take "\u0663", " 1" and "1_000".
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_CURSOR:
+        raise ValidationError({name: [f"must be an integer from 0 to {MAX_CURSOR}"]})
+    return int(raw)
 
 
 class RunEventsView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("after", int, description="return events with an id greater than this"),
-            OpenApiParameter("wait", int, description="long-poll: seconds to wait for a first event (max 30)"),
+            OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+                             description="return events with an id greater than this (default 0)"),
+            OpenApiParameter("wait", {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+                             description="long-poll: seconds to wait for a first event (default 0); "
+                                         "more than EXECGO_API_LONG_POLL_MAX_S (30) waits that long"),
         ],
-        responses=EventSerializer(many=True),
+        responses=EventPageSerializer,
     )
     def get(self, request, run_id: int):
         run = _user_run(request, run_id)
         after = _non_negative_int(request, "after", 0)
-        deadline = time.monotonic() + min(_non_negative_int(request, "wait", 0), LONG_POLL_MAX_S)
+        wait_s = min(_non_negative_int(request, "wait", 0), settings.EXECGO_API_LONG_POLL_MAX_S)
+        deadline = time.monotonic() + wait_s
         events = run_events_after(run, after)
         while not events and time.monotonic() < deadline:
             time.sleep(LONG_POLL_INTERVAL_S)
             events = run_events_after(run, after)
-        return Response({
-            "run_id": run.pk,
-            "events": EventSerializer(events, many=True).data,
-            "last_event_id": events[-1].pk if events else after,
-        })
+        return Response(EventPageSerializer({
+            "run_id": run.pk, "events": events, "last_event_id": events[-1].pk if events else after,
+        }).data)
 
 
 class StepLogView(APIView):
     """The full stdout/stderr of a step's latest attempt, while the retention
     GC has not removed it (the result envelope keeps a capped tail forever)."""
 
-    @extend_schema(responses={(200, "text/plain"): bytes})
+    @extend_schema(responses={(200, "text/plain"): bytes}, parameters=[
+        OpenApiParameter("stream", str, OpenApiParameter.PATH, enum=["stdout", "stderr"]),
+    ])
     def get(self, request, run_id: int, step_id: str, stream: str):
         run = _user_run(request, run_id)
+        if find_unstorable(step_id) is not None:  # no step can have that id; the database would refuse the query
+            raise NotFound(f"no step {step_id!r}")
         step = get_object_or_404(run.steps.all(), step_id=step_id)
         path = step_log_path(step, stream)
         if path is None:
@@ -147,7 +172,8 @@ class PolicyEvaluateView(APIView):
     """A dry run of POLICY_CHECK: the same rating of a plan, without a run,
     a trace or an audit row."""
 
-    @extend_schema(request=PlanEvaluateSerializer, responses=PolicyEvaluationSerializer)
+    @extend_schema(request=PlanEvaluateSerializer, responses=PolicyEvaluationSerializer, examples=[
+        OpenApiExample("two shell steps", request_only=True, value={"plan": EXAMPLE_PLAN})])
     def post(self, request):
         tenant = tenant_of(request.user)
         if tenant is None:

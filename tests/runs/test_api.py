@@ -71,10 +71,10 @@ def test_malformed_bodies_are_400(api, raw):
     assert Run.objects.count() == 0
 
 
-def test_ten_megabyte_body_is_400(api):
+def test_ten_megabyte_body_is_413(api):
     big = json.dumps({"plan": PLAN, "title": "x" * (10 * 1024 * 1024)})
     error = assert_envelope(api.generic("POST", "/api/v1/runs", big, content_type="application/json"),
-                            400, "invalid_input")
+                            413, "invalid_input")
     assert "exceeds" in error["message"]
     assert Run.objects.count() == 0
 

@@ -1,0 +1,105 @@
+"""Schemathesis against the live OpenAPI schema, as an authenticated agent,
+with every check: no server error, every status and body as documented,
+content types, valid data accepted and invalid data refused, unsupported
+methods, missing headers, ignored auth. The seed is fixed (override with
+EXECGO_FUZZ_SEED) and printed with the counts; the report of every request
+is kept under var/.
+
+``runs/{id}/stream`` is left out: an event stream of a run that never ends
+(no worker runs here) is open until the client gives up, which a fuzzer
+counts as a failure; its errors are tested in test_waiting_errors.py.
+
+Only ``positive_data_acceptance`` is relaxed, and only for the bodies that
+carry a plan or an edit: which step ids exist, whether dependencies form a
+cycle and what each tool's params must hold are checked by
+``runs.plan_schema`` and answered with a 400, which JSON Schema cannot say.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from rest_framework.authtoken.models import Token
+
+from runs.models import Run
+from tests.api.conftest import FUZZ_SUMMARIES, offline_env
+from tests.conftest import ROOT, make_user, open_approval
+
+SEED = int(os.environ.get("EXECGO_FUZZ_SEED", "20261201"))
+MAX_EXAMPLES = 100
+MIN_REQUESTS = 2000
+TIME_BUDGET_S = 600
+
+CONFIG = """\
+[checks]
+enabled = true
+
+[[operations]]
+include-path-regex = "^/api/v1/(runs|policy/evaluate|approvals/\\\\{[a-z_]+\\\\}/approve)$"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+"""
+
+
+def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]) -> tuple[str, int, dict]:
+    stack = "sqlite" if settings.IS_SQLITE else "postgres"
+    report_dir = ROOT / "var" / f"schemathesis-{stack}" / name
+    report_dir.mkdir(parents=True, exist_ok=True)
+    config = report_dir / "schemathesis.toml"
+    config.write_text(CONFIG)
+    har = report_dir / "requests.har"
+    har.unlink(missing_ok=True)
+    command = [
+        sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()",
+        "--config-file", str(config), "run", f"{server_url}/api/v1/schema/", *extra,
+        "--checks", "all", "--seed", str(SEED), "--max-examples", str(MAX_EXAMPLES), "--workers", "1",
+        "--header", f"Authorization: Token {token}", "--generation-database", "none",
+        "--request-timeout", "30", "--max-redirects", "0",
+        "--report", "har,json", "--report-har-path", str(har), "--report-json-path", str(report_dir / "report.json"),
+        "--no-color", "--output-truncate", "false",
+    ]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=report_dir, capture_output=True, text=True, timeout=TIME_BUDGET_S,
+                            env={**os.environ, **offline_env(), "PYTHONUNBUFFERED": "1"})
+    elapsed = time.monotonic() - started
+    (report_dir / "output.txt").write_text(result.stdout + result.stderr)
+    requests = json.loads(har.read_text())["log"]["entries"] if har.exists() else []
+    statuses: dict[int, int] = {}
+    for entry in requests:
+        statuses[entry["response"]["status"]] = statuses.get(entry["response"]["status"], 0) + 1
+    report = json.loads((report_dir / "report.json").read_text())
+    cases, operations = report["test_cases"], report["operations"]
+    summary = (f"schemathesis on {stack} as {name}: seed {SEED}, {len(requests)} requests, "
+               f"{cases['generated']} test cases on {operations['tested']} operations, every check, "
+               f"{cases['unique_failures']} failures, {cases['errored']} errors, {elapsed:.0f} s; "
+               f"statuses {dict(sorted(statuses.items()))}; report var/{report_dir.relative_to(ROOT / 'var')}/")
+    FUZZ_SUMMARIES.append(summary)
+    print(summary)
+    assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
+    assert (cases["unique_failures"], cases["errored"], report["complete"]) == (0, 0, True), summary
+    assert 500 not in statuses, summary
+    return summary, len(requests), statuses
+
+
+def test_schemathesis_finds_nothing(api_server, tenant):
+    agent = make_user("fuzz-agent", tenant, groups=("agents",))
+    summary, agent_requests, _ = run_schemathesis(
+        api_server.url, Token.objects.create(user=agent).key, name="agent",
+        # An event stream of a run that never ends stays open until the client gives up.
+        extra=["--exclude-path-regex", "/stream$"])
+    # A person in the approvers group, with requests to decide on runs the agent submitted.
+    approver = make_user("fuzz-approver", tenant, groups=("approvers",))
+    for run in Run.objects.filter(state="CREATED")[:5]:
+        open_approval(run)
+    _, approver_requests, statuses = run_schemathesis(
+        api_server.url, Token.objects.create(user=approver).key, name="approver",
+        extra=["--include-path-regex", "^/api/v1/approvals"])
+    total = agent_requests + approver_requests
+    FUZZ_SUMMARIES.append(f"schemathesis total: {total} requests, seed {SEED}")
+    (ROOT / "var" / f"schemathesis-{'sqlite' if settings.IS_SQLITE else 'postgres'}.txt").write_text(
+        "\n".join(FUZZ_SUMMARIES) + "\n")
+    assert total >= MIN_REQUESTS, summary
+    assert statuses.get(200, 0) > 0, "the approver reached no approval"
