@@ -146,6 +146,12 @@ def run_cancel(*, run: Run, user: Any, caller: str = "api") -> Run:
     return current
 
 
+def cancel_would_apply(run: Run) -> bool:
+    """Whether a cancel of ``run`` (as read) would be stored: the action to
+    offer. The decision itself is taken under the lock by ``run_cancel``."""
+    return _cancel_refusal(run, seen_final=True) is None
+
+
 def _cancel_refusal(run: Run, *, seen_final: bool) -> tuple[AuditEvent, str] | None:
     """Why a cancel cannot apply to the locked ``run``, or None when it can
     (a run on its main path, or one already being cancelled)."""

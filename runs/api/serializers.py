@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from runs.models import CALLBACK_EVENTS, Event, EventType, Job, MemoryEntry, Run, Step, StepRunStatus
 from runs.plan_schema import KNOWN_TOOLS, MAX_RETRIES, MAX_STEP_ID_LENGTH, STEP_KEYS
+from runs.services import cancel_would_apply
 from runs.statemachine import ClosingCause
 from runtime.plan_resolver import MODES, PROFILES
 
@@ -172,8 +173,9 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_allowed_actions(self, run: Run) -> dict:
-        """What the caller can do next: cancel a run that is not final, retry
-        one that is, and, while it waits for a human, where its approval is."""
+        """What the caller can do next: cancel a run whose ending is not yet
+        decided, retry one that is final, and, while it waits for a human,
+        where its approval is."""
         approval = None
         if run.state == "AWAITING_HITL":
             request_id = run.approval_requests.filter(status="pending").values_list("pk", flat=True).first()
@@ -181,7 +183,8 @@ class RunSerializer(serializers.ModelSerializer):
                 approval = {"page": reverse("approvals:detail", args=[request_id]),
                             "api": reverse("api-approval", args=[request_id])}
         return {
-            "cancel": None if run.is_final else {"method": "POST", "url": reverse("run-cancel", args=[run.pk])},
+            "cancel": ({"method": "POST", "url": reverse("run-cancel", args=[run.pk])}
+                       if cancel_would_apply(run) else None),
             "retry": {"method": "POST", "url": reverse("run-retry", args=[run.pk])} if run.is_final else None,
             "approval": approval,
         }

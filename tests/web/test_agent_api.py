@@ -76,9 +76,12 @@ def test_allowed_actions_follow_the_state(api, make_run):
 
     executing, final, waiting = make_run("EXECUTING"), make_run("CLOSED_FAILED", closing_cause="failed"), \
         make_run("AWAITING_HITL")
+    closing = make_run("TRACING", closing_cause="succeeded")  # its ending is decided: a cancel would be a 409
     approval = open_approval(waiting)
     actions = {run.pk: api.get(f"/api/v1/runs/{run.pk}").json()["allowed_actions"] for run in (executing, final,
-                                                                                               waiting)}
+                                                                                               waiting, closing)}
+    assert actions[closing.pk]["cancel"] is None
+    assert api.post(f"/api/v1/runs/{closing.pk}/cancel").status_code == 409
     assert actions[executing.pk] == {"cancel": {"method": "POST", "url": f"/api/v1/runs/{executing.pk}/cancel"},
                                      "retry": None, "approval": None}
     assert actions[final.pk]["cancel"] is None and actions[final.pk]["retry"]["url"] == f"/api/v1/runs/{final.pk}/retry"
