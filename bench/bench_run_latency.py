@@ -65,6 +65,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--profile", choices=["linux_sandbox", "process"], default=None,
+                        help="the steps' sandbox profile (default: none named, as an agent's steps usually are)")
     args = parser.parse_args()
 
     ensure_database(os.environ["DATABASE_URL"])
@@ -93,7 +95,8 @@ def main() -> None:
         cwd=ROOT, env=os.environ.copy(), stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]},
+        sandbox = {"sandbox": {"profile": args.profile}} if args.profile else {}
+        plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]}, **sandbox,
                            **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(args.steps)]}
         samples, parts = [], []
         reference_before = machine_reference()

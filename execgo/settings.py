@@ -339,13 +339,10 @@ if EXECGO_SANDBOX_MODE not in {"strict", "adaptive"}:
 _sandbox_uid = env_str("EXECGO_SANDBOX_UID", "1000000")
 EXECGO_SANDBOX_UID = None if _sandbox_uid.lower() == "none" else env_int("EXECGO_SANDBOX_UID", 1000000)
 EXECGO_SANDBOX_UID_COUNT = env_int("EXECGO_SANDBOX_UID_COUNT", 1000000)
-# Host paths a contained step does not see (an empty tmpfs over each, besides
-# the data and tasks directories): the host's sockets and services' state.
-EXECGO_SANDBOX_HIDDEN_PATHS = env_list(
-    "EXECGO_SANDBOX_HIDDEN_PATHS",
-    ["/run", "/var/run", "/dev/shm", "/root", "/home", "/var/lib/postgresql", "/var/lib/redis",
-     "/var/lib/rabbitmq", "/var/lib/mysql", "/var/log", "/var/tmp", "/var/spool", "/var/mail"],
-)
+# Host paths a contained step sees as empty directories, besides the data and
+# tasks directories: the host's sockets (/run) and home directories. A path
+# the step's uid could not enter anyway (mode without o+rx) is skipped.
+EXECGO_SANDBOX_HIDDEN_PATHS = env_list("EXECGO_SANDBOX_HIDDEN_PATHS", ["/run", "/var/run", "/home", "/root"])
 # Network of a step that asks for "internet": a user-mode NAT that cannot
 # reach the host's loopback (pasta, of Debian's passt); empty: pasta on PATH.
 EXECGO_PASTA_PATH = env_str("EXECGO_PASTA_PATH", "")

@@ -5,8 +5,7 @@ Both containing profiles show a step the same host:
 
 - the data directory (every other step's logs, results and workspaces, the
   SQLite file, the broker folder) and ``EXECGO_SANDBOX_HIDDEN_PATHS`` (the
-  host's sockets under /run, services' state) covered by an empty, read-only
-  tmpfs;
+  host's sockets under /run, home directories) covered by an empty tmpfs;
 - its own workspace, /tmp and /dev/shm as fresh tmpfs, the workspace and
   /tmp sized by the ``workspace_bytes`` limit (a quota that needs no cgroups:
   a write past it fails with ENOSPC);
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,6 +57,16 @@ def pasta_argv(pasta: str) -> list[str]:
 
 
 def hidden_paths() -> list[str]:
+    key = (str(settings.DATA_DIR), str(settings.EXECGO_TASKS_DIR), tuple(settings.EXECGO_SANDBOX_HIDDEN_PATHS))
+    if key not in _hidden:
+        _hidden[key] = _hidden_paths()
+    return _hidden[key]
+
+
+_hidden: dict[tuple, list[str]] = {}
+
+
+def _hidden_paths() -> list[str]:
     """Host paths a contained step must not even read, parents first: the
     data directory holds the embedded database, the broker folder and every
     other step's files (other tenants' included); the rest are the host's
@@ -65,18 +75,26 @@ def hidden_paths() -> list[str]:
     paths = {os.path.realpath(settings.DATA_DIR), os.path.realpath(settings.EXECGO_TASKS_DIR)}
     for path in settings.EXECGO_SANDBOX_HIDDEN_PATHS:
         real = os.path.realpath(path)
-        if os.path.isdir(real):
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode) and mode & 0o005:  # others may look in: hide it (each mount costs a step time)
             paths.add(real)
     # A path under another hidden one is already hidden.
     ordered = sorted(paths)
     return [p for p in ordered if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in ordered)]
 
 
-def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any]) -> list[dict[str, Any]]:
+def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any], writable_root: bool = False
+               ) -> list[dict[str, Any]]:
     """The mounts of a contained step, in order, for either profile: each
-    ``{"path", "kind": "hidden" | "scratch" | "workspace", "bytes"}``."""
+    ``{"path", "kind": "hidden" | "scratch" | "workspace", "bytes"}``.
+    ``writable_root``: the host's root is not read-only for the step (the
+    process profile), so its world-writable /var/tmp gets a tmpfs of its own
+    too (else steps could leave files there for each other)."""
     quota = limits.get("workspace_bytes")
-    scratch = ("/tmp", "/dev/shm")
+    scratch = ("/tmp", "/dev/shm", *(("/var/tmp",) if writable_root else ()))
     # A path under a scratch directory is hidden by its fresh tmpfs already
     # (a data directory under /tmp, say).
     mounts: list[dict[str, Any]] = [
@@ -86,6 +104,7 @@ def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any]) -> list[d
     mounts += [
         {"path": "/tmp", "kind": "scratch", "bytes": quota},
         {"path": "/dev/shm", "kind": "scratch", "bytes": min(quota or SHM_BYTES, SHM_BYTES)},
+        *([{"path": "/var/tmp", "kind": "scratch", "bytes": quota}] if writable_root else []),
         {"path": workspace, "kind": "workspace", "bytes": quota, "cwd": cwd},
     ]
     return mounts
@@ -108,12 +127,12 @@ def bwrap_argv(
         "--dev", "/dev",
         "--proc", "/proc",
     ]  # fmt: skip
-    read_only = []
     for mount in mount_plan(workspace=workspace, cwd=cwd, limits=limits or {}):
         if mount["kind"] == "hidden":
-            # Read-only only once the workspace's parents are made in it.
+            # An empty tmpfs of the sandbox's own, a few pages at most: not
+            # remounted read-only (a mount operation more per hidden path and
+            # step), as nothing written there leaves the sandbox.
             argv += ["--perms", "0555", "--size", str(mount["bytes"]), "--tmpfs", mount["path"]]
-            read_only += ["--remount-ro", mount["path"]]
             continue
         perms = "1777" if mount["kind"] == "scratch" else "0700"
         argv += ["--perms", perms]
@@ -123,7 +142,6 @@ def bwrap_argv(
         if mount["kind"] == "workspace" and mount["cwd"] != mount["path"]:
             argv += ["--dir", mount["cwd"]]
     argv += [
-        *read_only,
         "--chdir", cwd,
         "--unshare-all",
         # "internet": the namespace pasta made in front of us (see pasta_argv).

@@ -17,7 +17,7 @@ import sys
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 SIOCSIFFLAGS = 0x8914
 IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 PR_SET_PDEATHSIG = 1
@@ -191,27 +191,23 @@ def isolate(isolation, uid, gid, pidns):
 
     libc_call("unshare", CLONE_NEWNS | (0 if network == "host" else CLONE_NEWNET))
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)  # nothing we mount leaks back to the host
-    hidden = []
     for item in isolation.get("mounts") or ():
         path, kind, size = item["path"], item["kind"], item.get("bytes")
         os.makedirs(path, exist_ok=True)  # inside a hidden tmpfs, for the workspace
+        # A hidden path is an empty tmpfs of root's (0555): the step, no longer root, cannot write it.
         options = {"hidden": "mode=0555", "scratch": "mode=1777"}.get(kind, "mode=0700")
         if kind == "workspace" and uid is not None:
             options += f",uid={int(uid)},gid={int(gid if gid is not None else uid)}"
         if size:
             options += f",size={int(size)}"
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        if kind == "hidden":
-            hidden.append((path, options))
-        elif kind == "workspace" and item.get("cwd") and item["cwd"] != path:
+        if kind == "workspace" and item.get("cwd") and item["cwd"] != path:
             os.makedirs(item["cwd"], exist_ok=True)
             if uid is not None:
                 relative = os.path.relpath(item["cwd"], path)
                 parts = relative.split(os.sep)
                 for depth in range(1, len(parts) + 1):
                     os.chown(os.path.join(path, *parts[:depth]), int(uid), int(gid if gid is not None else uid))
-    for path, options in hidden:
-        mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, options)
     if pidns:  # the step's own processes only, not the host's
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     if network != "host":

@@ -118,7 +118,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     elif plan.get("namespaces"):
         # The shim makes these mounts itself, in the command's own mount namespace.
         isolation = {
-            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits),
+            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits, writable_root=True),
             "network": plan.get("network") or "none",
         }
     return {
