@@ -94,7 +94,6 @@ def test_downgrades_are_listed_and_the_resulting_plan_is_what_is_rated():
 # --- through the real resolver -------------------------------------------------------------
 
 
-@pytest.mark.django_db
 @pytest.fixture
 def no_namespaces(monkeypatch):
     """A host whose worker cannot create namespaces (not root, or a container
@@ -104,6 +103,7 @@ def no_namespaces(monkeypatch):
                         lambda: {**real, "namespaces": {"mount": False, "net": False}})
 
 
+@pytest.mark.django_db
 def test_the_real_resolver_rates_an_unsandboxed_step_high_and_a_sandboxed_one_low(seeded_policy, tenant,
                                                                                   no_namespaces):
     decision = policy_dry_run(tenant=tenant, plan={"steps": [
