@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo_bench_sweep")
 os.environ.setdefault("EXECGO_DATA_DIR", tempfile.mkdtemp(prefix="execgo-bench-sweep-"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/11")
 # Debug off, as deployed: the settings then want a key and host names.
 os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-bench-only-" + "0123456789abcdef" * 3)
 os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
@@ -96,6 +97,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--stuck", type=int, default=1000)
     parser.add_argument("--live", type=int, default=2000, help="non-final runs that are not stuck")
+    parser.add_argument("--inline", action="store_true",
+                        help="close the stuck runs in this process (the sweep without workers) instead of handing "
+                             "them to a real worker (2 pool processes)")
     args = parser.parse_args()
     if not os.environ["DATABASE_URL"].startswith("postgres"):
         sys.exit("bench_sweep.py measures PostgreSQL: DATABASE_URL must be postgres://…")
@@ -125,18 +129,39 @@ def main() -> None:
     candidates = list(stuck_candidates(now))
     query_s = time.perf_counter() - started
 
-    started = time.perf_counter()
-    recovered = sweep_zombies()
-    sweep_s = time.perf_counter() - started
+    if args.inline:
+        started = time.perf_counter()
+        recovered = sweep_zombies()
+        sweep_s = time.perf_counter() - started
+        print(f"\nsweep closing {len(recovered):,} stuck runs itself: {sweep_s:.2f} s "
+              f"({sweep_s / max(len(recovered), 1) * 1000:.1f} ms a run)")
+    else:
+        from benchprocs import start_worker, stop
+        from celery import current_app
+        from django.conf import settings
+
+        current_app.control.purge()
+        started = time.perf_counter()
+        handed = sweep_zombies(inline_max=settings.EXECGO_SWEEP_INLINE_MAX)
+        sweep_s = time.perf_counter() - started
+        print(f"\nsweep (the beat task): {sweep_s * 1000:.1f} ms, {len(handed):,} stuck runs handed to the workers")
+        worker = start_worker(Path(os.environ["EXECGO_DATA_DIR"]))
+        try:
+            started = time.perf_counter()
+            while Run.objects.filter(pk__in=handed).exclude(state__in=FINAL_STATES).exists():
+                if time.perf_counter() - started > 600:
+                    sys.exit("the worker did not close them within 600 s")
+                time.sleep(0.1)
+            print(f"a worker with 2 pool processes closed them {time.perf_counter() - started:.2f} s after it started")
+        finally:
+            stop(worker)
 
     started = time.perf_counter()
     again = sweep_zombies()
     idle_s = time.perf_counter() - started
 
     left = Run.objects.filter(tenant_id=tenant, title="bench-stuck").exclude(state__in=FINAL_STATES).count()
-    print(f"\nsweeper query: {query_s * 1000:.1f} ms for {len(candidates):,} candidates")
-    print(f"sweep closing {len(recovered):,} stuck runs: {sweep_s:.2f} s ({sweep_s / max(len(recovered), 1) * 1000:.1f}"
-          f" ms a run); stuck left: {left}")
+    print(f"sweeper query: {query_s * 1000:.1f} ms for {len(candidates):,} candidates; stuck left: {left}")
     print(f"next sweep (nothing stuck, {args.live:,} live): {idle_s * 1000:.1f} ms, {len(again)} recovered")
 
 

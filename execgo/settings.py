@@ -391,6 +391,8 @@ EXECGO_SHELL_ENV_ALLOWLIST = env_list(
 EXECGO_FILE_MAX_BYTES = env_int("EXECGO_FILE_MAX_BYTES", 8 * 1024 * 1024)
 EXECGO_HTTP_MAX_BODY_BYTES = env_int("EXECGO_HTTP_MAX_BODY_BYTES", 1024 * 1024)
 
+# A sweep that finds more stuck runs than this hands each to the workers (a task a run).
+EXECGO_SWEEP_INLINE_MAX = env_int("EXECGO_SWEEP_INLINE_MAX", 20)
 # Policy gate: run budgets (exceeding one rejects the run) and the hosts an
 # http step may write to without an approval.
 EXECGO_BUDGET_MAX_STEPS = env_int("EXECGO_BUDGET_MAX_STEPS", 100)

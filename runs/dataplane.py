@@ -50,12 +50,22 @@ def queue_for(step: Step) -> str:
     return DEFAULT_QUEUE
 
 
-def resolve_step_plan(step: Step) -> dict:
-    """The effective plan on this host; raises EnvelopeError when a strict
-    request cannot be honoured here."""
+def resolve_step_plan(step: Step, *, manifest: dict | None = None) -> dict:
+    """The effective plan on this host (or on one with ``manifest``);
+    raises EnvelopeError when a strict request cannot be honoured there."""
     requested = step.requested_plan or {}
     return resolve_plan({key: requested[key] for key in SANDBOX_KEYS if key in requested},
-                        mode=requested.get("mode"), uid_key=step.pk)
+                        mode=requested.get("mode"), uid_key=step.pk, manifest=manifest)
+
+
+def routed_plan(step: Step) -> dict | None:
+    """For a step only sandbox hosts run (see ``queue_for``): the plan it
+    gets there, resolved as if this host had bubblewrap. None otherwise."""
+    if queue_for(step) != SANDBOX_QUEUE:
+        return None
+    manifest = capability_manifest()
+    manifest["bubblewrap"] = {**(manifest.get("bubblewrap") or {}), "available": True}
+    return resolve_step_plan(step, manifest=manifest)
 
 
 def _reserve(host: str, handle_id: str, amounts: dict) -> bool:
@@ -88,9 +98,17 @@ def reclaim_reservations(in_flight: Callable) -> list[dict]:
 
 
 def reservation_amounts(step: Step) -> dict:
-    limits = (step.effective_plan or {}).get("limits") or {}
-    return {"slots": 1, "memory_bytes": int(limits.get("address_space_bytes") or 0),
-            "pids": int(limits.get("processes") or 0)}
+    """A slot, and the memory and processes the step itself asked for. The
+    default limits every step gets are guards, not declarations: 8 GiB of
+    address space is no estimate of what ``true`` uses, and reserving it
+    would let a 24 GiB host run three steps at a time."""
+    effective = (step.effective_plan or {}).get("limits") or {}
+    asked = ((step.requested_plan or {}).get("limits") or {}) if isinstance(step.requested_plan, dict) else {}
+
+    def declared(name: str) -> int:
+        return int(effective.get(name) or 0) if asked.get(name) is not None else 0
+
+    return {"slots": 1, "memory_bytes": declared("address_space_bytes"), "pids": declared("processes")}
 
 
 def hand_over_reservation(from_handle: str, step: Step) -> bool:

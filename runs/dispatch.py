@@ -21,6 +21,7 @@ EXECUTE_STEP = "runs.tasks.execute_step"
 SETTLE_RUN = "runs.tasks.settle_run"
 REATTACH_STEP = "runs.tasks.reattach_step"
 HEAL_HOST = "runs.tasks.heal_host"
+SWEEP_RUN = "runs.tasks.sweep_stuck_run"
 EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
 
 
@@ -76,6 +77,12 @@ def enqueue_approval_expiry(request_id: int, *, eta) -> None:
 
 def enqueue_reattach(step: Step, host: str) -> None:
     _send(REATTACH_STEP, (step.pk, step.attempt), queue=host_queue(host))
+
+
+def enqueue_sweeps(run_ids: list[int]) -> None:
+    """One close of a stuck run per task, for any worker to take."""
+    for run_id in run_ids:
+        _send(SWEEP_RUN, (run_id,))
 
 
 def enqueue_heal(host: str, *, expires: float | None = None) -> None:

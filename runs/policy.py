@@ -69,7 +69,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from runs.dataplane import resolve_step_plan
+from runs.dataplane import resolve_step_plan, routed_plan
 from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
 from runs.plan_schema import KNOWN_TOOLS, validate_plan
@@ -324,9 +324,16 @@ def step_baseline(step: Step) -> dict:
     try:
         plan = resolve_step_plan(step)
     except EnvelopeError as exc:
-        check = _check("plan", None, RiskLevel.HIGH, f"the execution plan cannot be resolved on this host "
-                                                     f"({exc.envelope['message']}): what it can reach is unknown")
-        return {"risk": str(RiskLevel.HIGH), "checks": [check], "plan": None}
+        # A strict sandbox step runs only on hosts that have the sandbox: rate
+        # the plan it gets there, not this host's refusal.
+        try:
+            plan = routed_plan(step)
+        except EnvelopeError:
+            plan = None
+        if plan is None:
+            check = _check("plan", None, RiskLevel.HIGH, f"the execution plan cannot be resolved on this host "
+                                                         f"({exc.envelope['message']}): what it can reach is unknown")
+            return {"risk": str(RiskLevel.HIGH), "checks": [check], "plan": None}
     return plan_baseline(plan, worker_is_root=_worker_is_root())
 
 

@@ -17,6 +17,7 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest, ApprovalStatus
 from runs.audit import audit
 from runs.closing import fence_unfinished_steps, run_close
+from runs.dispatch import enqueue_sweeps
 from runs.errors import ErrorCode, error_envelope
 from runs.models import AuditEvent, Run, TraceKind
 from runs.statemachine import FINAL, TRANSIENT, ZOMBIE_SWEEPER, RunState
@@ -87,17 +88,31 @@ def stuck_candidates(now) -> QuerySet:
             .filter(stuck).defer(*Run.BULKY_FIELDS).order_by("pk"))
 
 
-def sweep_zombies(now=None) -> list[int]:
-    """Force every stuck run to a final state; return the ids recovered."""
+def sweep_zombies(now=None, *, inline_max: int | None = None) -> list[int]:
+    """Force every stuck run to a final state; return the ids recovered.
+
+    ``inline_max``: when more runs than that are stuck, they are handed to
+    the workers instead, one ``sweep_stuck_run`` task each (closing a run
+    takes several transactions: a thousand at once would hold this task for
+    many seconds, where the workers close them side by side), and the ids
+    handed over are returned. None: close them all here."""
     now = now or timezone.now()
-    recovered = []
-    for run in list(stuck_candidates(now)):
-        age = now - _stuck_since(run)
-        if age <= threshold_for(run):
-            continue
-        if sweep_run(run, age=age):
-            recovered.append(run.pk)
-    return recovered
+    stuck = [run for run in stuck_candidates(now) if now - _stuck_since(run) > threshold_for(run)]
+    if inline_max is not None and len(stuck) > inline_max:
+        with transaction.atomic():
+            enqueue_sweeps([run.pk for run in stuck])
+        return [run.pk for run in stuck]
+    return [run.pk for run in stuck if sweep_run(run, age=now - _stuck_since(run))]
+
+
+def sweep_one(run_id: int) -> bool:
+    """The worker's side of a handed-over sweep: close the run if it is
+    still stuck when the task runs (another writer may have moved it)."""
+    now = timezone.now()
+    run = stuck_candidates(now).filter(pk=run_id).first()
+    if run is None or now - _stuck_since(run) <= threshold_for(run):
+        return False
+    return sweep_run(run, age=now - _stuck_since(run))
 
 
 def sweep_run(run: Run, *, age: timedelta) -> bool:

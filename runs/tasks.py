@@ -24,7 +24,7 @@ from runs.healing import ledger_heal
 from runs.pipeline import run_advance
 from runs.recovery import host_recover, hosts_to_heal
 from runs.retention import purge_expired_artifacts
-from runs.sweeper import sweep_zombies
+from runs.sweeper import sweep_one, sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
 
 
@@ -45,7 +45,12 @@ def settle_run(run_id: int) -> None:
 
 @shared_task(ignore_result=True)
 def sweep_zombie_runs() -> None:
-    sweep_zombies()
+    sweep_zombies(inline_max=settings.EXECGO_SWEEP_INLINE_MAX)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def sweep_stuck_run(run_id: int) -> None:
+    sweep_one(run_id)
 
 
 @shared_task(ignore_result=True)

@@ -378,7 +378,8 @@ def test_the_export_verifies_offline_and_a_tampered_line_does_not(tenant, other_
     later = tmp_path / "later.jsonl"
     assert manage("execgo_audit_export", "--tenant", tenant.name, "--output", str(later)).returncode == 0
     assert verify_offline(later, "--anchor", anchor).returncode == 0
-    assert verify_offline(later, "--anchor", anchor[:-1] + "0").stdout.startswith("BROKEN: lane 0 seq 4 has row_hash")
+    wrong = anchor[:-1] + ("1" if anchor.endswith("0") else "0")  # one hex digit off (never the same digit)
+    assert verify_offline(later, "--anchor", wrong).stdout.startswith("BROKEN: lane 0 seq 4 has row_hash")
 
     def tampered(name: str, new_lines: list[str]) -> subprocess.CompletedProcess:
         path = tmp_path / name

@@ -257,9 +257,10 @@ def test_a_run_whose_process_died_closing_it_is_closed_by_the_heal(host, make_ru
 
 def test_a_step_asking_for_more_than_the_host_has_is_refused_not_requeued_for_ever(host, make_run):
     """An agent cannot park an attempt in the queue (or a pool process in
-    the ledger) by asking for more memory than the host will ever have."""
+    the ledger) by asking for more memory than the host will ever have (within the
+    limit caps: 2 GiB on a host registered with 1 GiB)."""
     step = a_step(make_run, run_status=StepRunStatus.ACCEPTED)
-    Step.objects.filter(pk=step.pk).update(requested_plan={"limits": {"address_space_bytes": 2**40}})
+    Step.objects.filter(pk=step.pk).update(requested_plan={"limits": {"address_space_bytes": 2**31}})
 
     assert step_execute(step.pk, 1) is None
 

@@ -199,3 +199,18 @@ def test_a_step_with_host_reach_waits_for_a_human_and_the_pages_say_why(seeded_p
         response = client.get(url)
         assert response.status_code == 200
         assert escape(reason) in response.content.decode(), url
+
+
+@pytest.mark.django_db
+def test_a_strict_sandbox_step_rated_on_a_host_without_bubblewrap_is_rated_as_where_it_runs(
+        seeded_policy, tenant, monkeypatch):
+    # The policy check may run on any worker; a strict linux_sandbox step runs only where bubblewrap works.
+    real = capability_manifest()
+    monkeypatch.setattr("runtime.plan_resolver.capability_manifest",
+                        lambda: {**real, "bubblewrap": {"available": False, "error": "bwrap not installed"}})
+    decision = policy_dry_run(tenant=tenant, plan={"steps": [
+        {"id": "s0", "tool": "shell", "params": {"argv": ["echo", "hi"]},
+         "sandbox": {"profile": "linux_sandbox", "mode": "strict"}}]})
+
+    step = decision.data["steps"][0]
+    assert (step["risk"], step["baseline"]["plan"]["profile"]) == ("low", "linux_sandbox")

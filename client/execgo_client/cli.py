@@ -121,6 +121,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
 
 
+def _raising_first(reasons: list) -> list[str]:
+    """What raised a step's risk before the baseline that left it low: the
+    column is cut, and "baseline low: …" says the least."""
+    texts = [str(reason) for reason in reasons]
+    return sorted(texts, key=lambda text: text.startswith("baseline low"))
+
+
 def _short(text: Any, limit: int = 60) -> str:
     text = " ".join(str(text or "").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -300,7 +307,7 @@ def cmd_evaluate(client: ExecGo, args: argparse.Namespace) -> int:
         print()
         print(_table(["STEP", "TOOL", "RISK", "REASONS"],
                      [[step.get("id"), step.get("tool"), step.get("risk"), _short("; ".join(
-                         str(reason) for reason in step.get("reasons") or []), 90)] for step in evaluation.steps]))
+                         _raising_first(step.get("reasons") or [])), 90)] for step in evaluation.steps]))
     if evaluation.budget:
         print()
         print("budget: " + ", ".join(f"{key}={value}" for key, value in evaluation.budget.items()))

@@ -11,6 +11,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied, ValidationErro
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from runs.api.schema import ErrorSerializer
 from runs.api.serializers import (
     EventPageSerializer,
     JobSerializer,
@@ -95,8 +96,8 @@ class RunDetailView(APIView):
 class RunCancelView(APIView):
     @extend_schema(request=None, responses={
         202: RunSerializer,
-        409: OpenApiResponse(description="the run is final or its ending is already decided: nothing stored, "
-                                         "the refusal audited"),
+        409: OpenApiResponse(ErrorSerializer, description="the run is final or its ending is already decided: "
+                                                          "nothing stored, the refusal audited"),
     })
     def post(self, request, run_id: int):
         run = run_cancel(run=_user_run(request, run_id), user=request.user)

@@ -6,16 +6,13 @@ worker reads: a run submitted to it stays queued and nothing it names is
 ever executed. Outbound HTTP from it or from a client started beside it
 goes to a proxy address where nothing listens."""
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
-from tests.conftest import ROOT, _worker_env
-from tests.web.conftest import free_port
+from tests.conftest import _worker_env
+from tests.web.conftest import DaphneServer
 
 NOWHERE_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
 
@@ -26,17 +23,16 @@ def offline_env() -> dict:
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
-class ApiServer:
-    def __init__(self):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data_dir = Path(settings.DATA_DIR) / "api-server"
-        self.log_path = Path(settings.DATA_DIR) / "api-server.log"
-        self.proc: subprocess.Popen | None = None
+class ApiServer(DaphneServer):
+    """The web test server, with a data directory and broker of its own."""
 
-    def start(self) -> "ApiServer":
+    def __init__(self):
+        super().__init__(log_name="api-server.log")
+        self.data_dir = Path(settings.DATA_DIR) / "api-server"
+
+    def env(self) -> dict:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {
+        return {
             **_worker_env(), **offline_env(),
             "EXECGO_DATA_DIR": str(self.data_dir),
             "CELERY_BROKER_URL": "filesystem://",  # under its own data dir: no worker reads it
@@ -46,27 +42,6 @@ class ApiServer:
             "EXECGO_API_LONG_POLL_MAX_S": "0.5", "EXECGO_API_WAIT_MAX_S": "0.5",
             "EXECGO_API_THROTTLE_RATE": "100000/minute",
         }
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "execgo.asgi:application"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while b"Listening on TCP address" not in self.log_path.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daphne did not start:\n{self.log_path.read_text()[-4000:]}")
-            time.sleep(0.1)
-        return self
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 _server: ApiServer | None = None

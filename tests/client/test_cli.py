@@ -10,7 +10,7 @@ from rest_framework.authtoken.models import Token
 
 from tests.conftest import ROOT, make_user, simple_plan
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
 FAILING_PLAN = {"steps": [{"id": "x", "tool": "shell", "params": {"script": "exit 3"}}]}
 DENIED_PLAN = simple_plan(["sudo", "true"])

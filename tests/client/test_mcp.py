@@ -13,7 +13,7 @@ from mcp.client.stdio import stdio_client
 
 from tests.conftest import ROOT, simple_plan
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
 TOOLS = {"submit_run", "get_run", "wait_run", "cancel_run", "evaluate_plan", "list_approvals"}
 

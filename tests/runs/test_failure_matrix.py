@@ -161,7 +161,7 @@ def test_expired_approval_closes_rejected(matrix_worker, seeded_policy, tenant, 
     assert run.closing_cause == "approval_timeout"
 
 
-def test_approval_resumes_execution(matrix_worker, seeded_policy, tenant, agent, approver):
+def test_approval_resumes_execution(matrix_worker, seeded_policy, echo_pip_install_is_high, tenant, agent, approver):
     plan = {"steps": [
         {"id": "prep", "tool": "shell", "params": {"argv": ["echo", "ready"]}},
         {"id": "install", "tool": "shell", "params": {"script": "echo pip install --dry-run nothing"},

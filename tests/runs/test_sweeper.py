@@ -165,6 +165,35 @@ def test_one_sweep_recovers_every_stuck_run_and_only_those(make_run):
     assert AuditLog.objects.filter(event="zombie_detected").count() == len(SPEC_ROWS)
 
 
+def test_a_sweep_over_its_inline_maximum_hands_each_run_to_the_workers(make_run, settings,
+                                                                        django_capture_on_commit_callbacks):
+    settings.CELERY_TASK_ALWAYS_EAGER = True  # the handed-over tasks run here, at commit
+    stuck = [place(make_run, row, age_s=threshold_s(row.state) + 5) for row in SPEC_ROWS]
+    fresh = place(make_run, SPEC_ROWS[0], age_s=threshold_s(SPEC_ROWS[0].state) - 10)
+
+    with django_capture_on_commit_callbacks(execute=False) as sent:
+        handed = sweep_zombies(inline_max=2)
+    assert handed == sorted(run.pk for run in stuck)
+    assert len(sent) == len(stuck)  # one task a run, sent at commit...
+    assert [Run.objects.get(pk=run.pk).state for run in stuck] == [row.state for row in SPEC_ROWS]  # ...not closed yet
+    for callback in sent:
+        callback()
+    for run, row in zip(stuck, SPEC_ROWS):
+        assert_recovered(run, row)
+    assert Run.objects.get(pk=fresh.pk).state == SPEC_ROWS[0].state
+    assert AuditLog.objects.filter(event="zombie_detected").count() == len(SPEC_ROWS)
+
+
+def test_a_handed_over_run_that_moved_meanwhile_is_left_alone(make_run):
+    from runs.sweeper import sweep_one
+
+    row = SPEC_ROWS[0]
+    fresh = place(make_run, row, age_s=threshold_s(row.state) - 10)
+    assert sweep_one(fresh.pk) is False
+    assert Run.objects.get(pk=fresh.pk).state == row.state
+    assert not AuditLog.objects.filter(event="zombie_detected").exists()
+
+
 @transactional
 def test_executing_is_bounded_by_total_run_time(make_run):
     """A run that keeps changing state inside EXECUTING is still swept once

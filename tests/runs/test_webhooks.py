@@ -94,6 +94,13 @@ class Receiver:
             return Counter(body["event"] for body in self.accepted if body["data"]["request"] == request_id)
 
 
+@pytest.fixture(autouse=True)
+def _echo_pip_install_waits_for_a_human(request):
+    """HIGH_RISK_PLAN (an ``echo``) waits for approval by a rule of the tests' own."""
+    if "seeded_policy" in request.fixturenames:
+        request.getfixturevalue("echo_pip_install_is_high")
+
+
 @pytest.fixture(scope="module")
 def receiver_server():
     receiver = Receiver()

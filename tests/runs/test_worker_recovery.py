@@ -22,6 +22,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 from contextlib import contextmanager
 
 import psutil
@@ -86,10 +87,10 @@ def open_gate(gates, name: str) -> None:
             continue
         if not handle_id:
             continue
-        try:
-            open(f"/proc/{process.pid}/root{layout.task_dir(handle_id)}/workspace/{name}", "a").close()
-        except OSError:
-            pass
+        # As the step's uid: root is no uid of a bubblewrap sandbox's user namespace (EOVERFLOW).
+        uid = process.uids().real
+        subprocess.run(["touch", f"/proc/{process.pid}/root{layout.task_dir(handle_id)}/workspace/{name}"],
+                       user=uid, group=uid, extra_groups=[], capture_output=True, check=False)
 
 
 def progressed(step: Step, message: str) -> bool:

@@ -179,10 +179,12 @@ def test_an_escape_attempt_gets_nothing(victim, web_port, profile, name):
 
     assert result["details"]["plan"]["profile"] == profile
     assert result["details"]["termination"] == "exited"  # it ran, and was refused by what it tried
-    assert "ESCAPED" not in result["output"]["stdout"], (name, result["details"]["stderr"])
-    assert SECRET not in result["output"]["stdout"] + result["details"]["stderr"]
     if name in WRITES:
+        # A write into the step's own tmpfs (the process profile's /var/tmp) may succeed: what counts is the host.
         assert not WRITES[name](victim, tag).exists()
+    else:
+        assert "ESCAPED" not in result["output"]["stdout"], (name, result["details"]["stderr"])
+    assert SECRET not in result["output"]["stdout"] + result["details"]["stderr"]
     assert psutil.pid_exists(victim["live_pid"])
 
 

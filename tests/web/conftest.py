@@ -32,17 +32,20 @@ def free_port() -> int:
 class DaphneServer:
     """``daphne execgo.asgi:application`` in a process of its own."""
 
-    def __init__(self):
+    def __init__(self, *, log_name: str = "daphne.log"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(settings.DATA_DIR) / "daphne.log"
+        self.log_path = Path(settings.DATA_DIR) / log_name
         self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict:
+        return _worker_env()
 
     def start(self) -> "DaphneServer":
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "execgo.asgi:application"],
-            cwd=ROOT, env=_worker_env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT, env=self.env(), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + 60
         while b"Listening on TCP address" not in self.log_path.read_bytes():
