@@ -113,6 +113,7 @@ def text_formatter() -> structlog.stdlib.ProcessorFormatter:
 # --- Web requests ------------------------------------------------------------------
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+TOKEN_KEY = re.compile(r"^[0-9a-f]{40}$")  # DRF's: anything else is no token, and is not looked up
 
 
 def _tenant_id(request) -> int | None:
@@ -124,6 +125,8 @@ def _tenant_id(request) -> int | None:
 
     scheme, _, key = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
     if scheme.lower() == "token" and key.strip():
+        if not TOKEN_KEY.match(key.strip()):  # a NUL, say, that the database could not even compare
+            return None
         return Token.objects.filter(key=key.strip()).values_list("user__membership__tenant_id", flat=True).first()
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:

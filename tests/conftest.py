@@ -277,3 +277,17 @@ def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float 
         Run.objects.filter(pk=run.pk).update(approval_timeout_s=max(int(expires_in_s), 1))
         run.refresh_from_db()
     return ApprovalRequest.open_for(run, decision, now=timezone.now())
+
+
+def pytest_collection_modifyitems(config, items):
+    """The data plane's own tests (tests/runtime) that use no database run
+    once, on the SQLite pass: the shim, the sandbox and the limits do not
+    change with the database, and running them twice would only cost CI time."""
+    if settings.IS_SQLITE:
+        return
+    once = pytest.mark.skip(reason="no database involved: run on the SQLite pass")
+    runtime_dir = ROOT / "tests" / "runtime"
+    for item in items:
+        uses_db = item.get_closest_marker("django_db") or {"db", "transactional_db"} & set(item.fixturenames)
+        if not uses_db and runtime_dir in item.path.parents:
+            item.add_marker(once)
