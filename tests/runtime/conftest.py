@@ -21,6 +21,15 @@ from runtime.plan_resolver import resolve_plan
 # under /root, which uid 65534 cannot enter).
 SYSTEM_PYTHON = "/usr/bin/python3"
 MIB = 1024 * 1024
+# Every process forks for as long as it can, and keeps trying.
+FORK_BOMB = (
+    "import os, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.fork()\n"
+    "    except OSError:\n"
+    "        time.sleep(0.01)\n"
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

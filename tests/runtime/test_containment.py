@@ -24,7 +24,7 @@ from django.conf import settings
 
 from runtime import attach, executor, launcher, layout
 from runtime.plan_resolver import resolve_plan
-from tests.runtime.conftest import SYSTEM_PYTHON, needs_bubblewrap, needs_system_python, wait_until
+from tests.runtime.conftest import FORK_BOMB, SYSTEM_PYTHON, needs_bubblewrap, needs_system_python, wait_until
 
 SECRET = f"SECRET_A_{uuid.uuid4().hex}"
 pytestmark = [
@@ -219,15 +219,6 @@ def _processes_of(uid: int) -> int:
     return count
 
 
-# Every process forks for as long as it can, and keeps trying.
-FORK_BOMB = (
-    "import os, time\n"
-    "while True:\n"
-    "    try:\n"
-    "        os.fork()\n"
-    "    except OSError:\n"
-    "        time.sleep(0.01)\n"
-)
 
 
 @pytest.mark.parametrize("iteration", range(20))

@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 
 from runtime import layout
-from tests.runtime.conftest import MIB, SYSTEM_PYTHON, live_processes, needs_bubblewrap, needs_system_python
+from tests.runtime.conftest import FORK_BOMB, MIB, SYSTEM_PYTHON, live_processes, needs_bubblewrap, needs_system_python
 
 REPEAT = range(20)
 
@@ -102,14 +102,6 @@ def test_limits_are_classified_inside_the_sandbox_too(run_shell, handle, iterati
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is what a root worker does; others are already non-root")
 def test_fork_bomb_as_sandbox_uid_stays_bounded(run_shell, handle, marker):
     limit = 24
-    bomb = (
-        "import os, time\n"
-        "while True:\n"
-        "    try:\n"
-        "        os.fork()\n"
-        "    except OSError:\n"
-        "        time.sleep(0.01)\n"
-    )
     peak = {"count": 0}
     done = threading.Event()
 
@@ -120,7 +112,7 @@ def test_fork_bomb_as_sandbox_uid_stays_bounded(run_shell, handle, marker):
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = run_shell({"argv": [SYSTEM_PYTHON, "-c", bomb, marker]}, timeout_s=3, limits={"processes": limit})
+        result = run_shell({"argv": [SYSTEM_PYTHON, "-c", FORK_BOMB, marker]}, timeout_s=3, limits={"processes": limit})
     finally:
         done.set()
         sampler.join()
