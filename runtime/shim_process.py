@@ -170,13 +170,24 @@ def loopback_up():
         sock.close()
 
 
+def _private_namespaces(flags):
+    """A mount namespace of our own (plus ``flags``' namespaces) from which
+    nothing we mount leaks back to the host."""
+    libc_call("unshare", CLONE_NEWNS | flags)
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+
+
+def _mount_own_proc():
+    """/proc of our PID namespace: the step's own processes, not the host's."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
 def own_proc():
     """A mount namespace whose /proc is our PID namespace's: programs that
     find a child's namespaces through /proc/<pid> (pasta) see their own
     pids there, not the host's."""
-    libc_call("unshare", CLONE_NEWNS)
-    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    _private_namespaces(0)
+    _mount_own_proc()
 
 
 def isolate(isolation, uid, gid, pidns):
@@ -189,8 +200,7 @@ def isolate(isolation, uid, gid, pidns):
     import _struct  # noqa: F401
     import fcntl  # noqa: F401
 
-    libc_call("unshare", CLONE_NEWNS | (0 if network == "host" else CLONE_NEWNET))
-    mount(None, "/", None, MS_REC | MS_PRIVATE, None)  # nothing we mount leaks back to the host
+    _private_namespaces(0 if network == "host" else CLONE_NEWNET)
     for item in isolation.get("mounts") or ():
         path, kind, size = item["path"], item["kind"], item.get("bytes")
         os.makedirs(path, exist_ok=True)  # inside a hidden tmpfs, for the workspace
@@ -208,8 +218,8 @@ def isolate(isolation, uid, gid, pidns):
                 parts = relative.split(os.sep)
                 for depth in range(1, len(parts) + 1):
                     os.chown(os.path.join(path, *parts[:depth]), int(uid), int(gid if gid is not None else uid))
-    if pidns:  # the step's own processes only, not the host's
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    if pidns:
+        _mount_own_proc()
     if network != "host":
         loopback_up()
 
