@@ -8,9 +8,13 @@ default: contained), or with the named profile (``process``,
 
 Prints median and p95 wall time per step for
   - bare:        os.posix_spawn("/bin/true") + waitpid
+  - pre-started: runtime.launcher launch + wait in a spare shim that was
+                 told the step ahead and set up its sandbox (what a
+                 sequential chain's next step gets: the previous step and
+                 its recording give the spare that time; here it is
+                 given PRESTART_LEAD_S); the linux_sandbox profile only
   - spare:       runtime.launcher launch + wait in a spare shim the fork
-                 server forked while the step was prepared (what a
-                 sequential chain does between its steps)
+                 server forked while the step was prepared
   - forkserver:  runtime.launcher prepare + launch (fork server) + wait
   - spawn:       the same with a fresh `python -I -S shim.py` per step
 and the shim overhead (path minus bare). prepare (writing request.json) is
@@ -62,14 +66,24 @@ def bench_bare(n):
     return samples
 
 
-def bench_shim(n, plan, *, use_forkserver, use_spare=False):
+PRESTART_LEAD_S = 0.02
+PARAMS = {"argv": ["/bin/true"]}
+
+
+def bench_shim(n, plan, *, use_forkserver, use_spare=False, prestart=False):
     settings.EXECGO_SHIM_FORKSERVER = use_forkserver
-    prepare_ms, step_ms = [], []
+    prepare_ms, step_ms, started_by = [], [], set()
     for _ in range(n):
         handle = f"bench-{uuid.uuid4().hex[:12]}"
-        spare = launcher.warm_shim(plan) if use_spare else None
+        spare = None
+        if prestart:
+            preset = launcher.sandbox_preset(handle, tool="shell", params=PARAMS, plan=plan)
+            spare = launcher.warm_shim(plan, preset=preset)
+            time.sleep(PRESTART_LEAD_S)
+        elif use_spare:
+            spare = launcher.warm_shim(plan)
         start = time.perf_counter()
-        launcher.prepare(handle, tool="shell", params={"argv": ["/bin/true"]}, timeout_s=30, attempt=1, plan=plan)
+        launcher.prepare(handle, tool="shell", params=PARAMS, timeout_s=30, attempt=1, plan=plan)
         prepared = time.perf_counter()
         launched = launcher.launch(handle, spare=spare)
         result = attach.wait(handle, launched=launched)
@@ -78,6 +92,9 @@ def bench_shim(n, plan, *, use_forkserver, use_spare=False):
             raise SystemExit(f"bench step failed: {result['error']}")
         prepare_ms.append((prepared - start) * 1000)
         step_ms.append((done - prepared) * 1000)
+        started_by.add(result["details"]["started_by"])
+    if prestart and started_by != {"prestart"}:
+        raise SystemExit(f"a pre-started step was started otherwise: {sorted(started_by)}")
     return prepare_ms, step_ms
 
 
@@ -89,9 +106,13 @@ def main():
     bench_shim(10, plan, use_forkserver=True)  # warm up: start the fork server, fill caches
     bare_med, bare_p95 = summary(bench_bare(n))
     print(f"{'bare posix_spawn true':<28} median {bare_med:6.2f} ms   p95 {bare_p95:6.2f} ms")
-    for label, use_forkserver, use_spare in (("shim in a spare", True, True), ("shim via fork server", True, False),
-                                             ("shim via python -I -S", False, False)):
-        prepare_ms, step_ms = bench_shim(n, plan, use_forkserver=use_forkserver, use_spare=use_spare)
+    modes = [("shim in a spare", True, True, False), ("shim via fork server", True, False, False),
+             ("shim via python -I -S", False, False, False)]
+    if plan["profile"] == "linux_sandbox":
+        modes.insert(0, ("shim pre-started in a spare", True, True, True))
+    for label, use_forkserver, use_spare, prestart in modes:
+        prepare_ms, step_ms = bench_shim(n, plan, use_forkserver=use_forkserver, use_spare=use_spare,
+                                         prestart=prestart)
         med, p95 = summary(step_ms)
         prep_med, _ = summary(prepare_ms)
         print(

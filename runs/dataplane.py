@@ -6,9 +6,12 @@ holds a resource-ledger reservation around every launch; ``runtime`` knows
 nothing of runs.
 """
 
+from __future__ import annotations
+
 import secrets
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from runs.models import Step
 from runtime import attach, executor, launcher, layout, ledger, shim
@@ -17,6 +20,9 @@ from runtime.envelopes import EnvelopeError, error_envelope, failed_result
 from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
 from runtime.plan_resolver import SANDBOX_KEYS, resolve_plan
+
+if TYPE_CHECKING:
+    from runs.execution import Forecast
 
 DEFAULT_QUEUE = "celery"
 SANDBOX_QUEUE = "execgo.linux_sandbox"
@@ -120,20 +126,29 @@ def release_reservation(handle_id: str, *, only_mine: bool = False) -> None:
     ledger.release(handle_id, only_mine=only_mine)
 
 
-def warm_shim(step: Step) -> ShimLink | None:
+def warm_shim(step: Step, *, following: Step | None = None, forecast: Forecast | None = None) -> ShimLink | None:
     """A shim forked ahead for the step that follows ``step`` on this
-    worker, assuming it runs with the same isolation (else it goes unused)."""
-    return launcher.warm_shim(step.effective_plan or {})
+    worker: ``following``, to be started as its ``forecast`` says (see
+    ``runs.execution.Forecast``), its sandbox pre-started too where it has
+    one; or, with no forecast, assuming the same isolation as ``step``. A
+    spare that does not fit the step that comes goes unused."""
+    if following is None or forecast is None:
+        return launcher.warm_shim(step.effective_plan or {})
+    preset = launcher.sandbox_preset(forecast.handle_id, tool=following.tool, params=following.params,
+                                     plan=forecast.plan)
+    return launcher.warm_shim(forecast.plan, preset=preset)
 
 
 def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Callable[[], bool],
-             on_progress: Callable[[int, str], None], spare: ShimLink | None = None) -> dict:
+             on_progress: Callable[[int, str], None], spare: ShimLink | None = None,
+             while_running: Callable[[], None] | None = None) -> dict:
     """Execute a step that holds its slot on this host (in ``spare``, a
     ``warm_shim``, when it fits). The caller reserved the slot before
-    claiming the attempt and releases it once the result is recorded."""
+    claiming the attempt and releases it once the result is recorded.
+    ``while_running``: called once a shell step's shim is started."""
     return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
                             attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
-                            on_progress=on_progress, spare=spare)
+                            on_progress=on_progress, spare=spare, while_running=while_running)
 
 
 LOG_STREAMS = {"stdout": shim.STDOUT_FILE, "stderr": shim.STDERR_FILE}

@@ -20,12 +20,16 @@ Between two steps of a sequential plan a worker commits one transaction:
 the result, the next step started, the slot handed over and their events;
 meanwhile the fork server forks the next step's shim (a spare, started once
 that transaction has committed, closed unused if no step follows here).
+That next step is forecast before the transaction (``Forecast``): its
+handle and plan are fixed then, so the spare can also set up its sandbox
+meanwhile (``runtime.shim.Prestart``); the shim runs the command there only
+if the step's request turns out to be exactly the one forecast.
 """
 
 import logging
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
@@ -67,6 +71,30 @@ CANCEL_POLL_S = 0.1
 MAX_BACKOFF_S = 30.0
 
 
+@dataclass(frozen=True)
+class Forecast:
+    """The step a chain most likely starts next on this worker, chosen
+    before the transaction that decides it, with the handle and plan it
+    then gets (``_dispatch`` uses both when it starts that step here)."""
+
+    step_pk: int
+    handle_id: str
+    plan: dict
+
+
+def _forecast(finished: Step, steps: list[Step]) -> tuple[Step, Forecast] | None:
+    """What settle will start here once ``finished`` (the only step in
+    flight, of ``steps``) is recorded as succeeded: the first ready step, as
+    in ``_settle_locked``, if this worker may run it."""
+    done = {step.step_id for step in steps if step.status == StepStatus.SUCCESS} | {finished.step_id}
+    following = next((step for step in steps if step.status == StepStatus.PENDING and not step.run_status
+                      and all(dep in done for dep in step.depends_on)), None)
+    plan = _local_plan(following) if following is not None else None
+    if plan is None:
+        return None
+    return following, Forecast(following.pk, new_handle_id(following, 1), plan)
+
+
 def executing_started(run: Run) -> None:
     """Arm the harness's own run timer: a settle at the deadline fires
     TIMEOUT even when no step ever finishes (the sweeper is the fallback)."""
@@ -98,12 +126,12 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> C
 
 
 def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str,
-                   steps: list[Step] | None = None) -> tuple[Claim | None, bool]:
+                   steps: list[Step] | None = None, forecast: Forecast | None = None) -> tuple[Claim | None, bool]:
     """``run_settle`` under the run's row lock; ``events`` are the caller's
     not yet written, committed with the decision and ahead of its own.
     ``steps``: the run's steps when the caller knows them (see
-    ``Claim.steps``). Returns the in-process claim and whether the run must
-    now be closed."""
+    ``Claim.steps``); ``forecast``: the caller's (see ``Forecast``). Returns
+    the in-process claim and whether the run must now be closed."""
     if run is None or run.state != S.EXECUTING:
         emit(events)
         return None, False
@@ -118,7 +146,7 @@ def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, han
     if going_on and not failed and any(step.status != StepStatus.SUCCESS for step in steps):
         ready = [step for step in steps if step.status == StepStatus.PENDING and not step.run_status
                  and all(by_id[dep].status == StepStatus.SUCCESS for dep in step.depends_on)]
-        claim, claims = _dispatch(run, ready, events, claim_one=claim_one, handover=handover)
+        claim, claims = _dispatch(run, ready, events, claim_one=claim_one, handover=handover, forecast=forecast)
         if claim is not None and len(ready) == 1 and not in_flight:
             claim = replace(claim, steps=steps)  # the claimed attempt is the only one in flight
         enqueue_claims(claims)
@@ -171,16 +199,24 @@ def _local_plan(step: Step) -> dict | None:
         return None  # refused here: the task path records the refusal
 
 
-def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bool, handover: str
-              ) -> tuple[Claim | None, list[Claim]]:
+def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bool, handover: str,
+              forecast: Forecast | None = None) -> tuple[Claim | None, list[Claim]]:
+    def forecast_for(step: Step) -> Forecast | None:
+        return forecast if forecast is not None and forecast.step_pk == step.pk else None
+
+    def plan_for(step: Step) -> dict | None:
+        ahead = forecast_for(step)
+        return ahead.plan if ahead is not None else _local_plan(step)
+
     local, local_plan = None, None
     if claim_one:
-        local, local_plan = next(((step, plan) for step in ready if (plan := _local_plan(step)) is not None),
+        local, local_plan = next(((step, plan) for step in ready if (plan := plan_for(step)) is not None),
                                  (None, None))
     claim, claims = None, []
     now = timezone.now()
     for step in ready:
-        step.handle_id = new_handle_id(step, 1)
+        ahead = forecast_for(step)
+        step.handle_id = ahead.handle_id if ahead is not None else new_handle_id(step, 1)
         pending = {"id": step.pk, "status": StepStatus.PENDING, "run_status": ""}
         accepted = Event(type=EventType.TASK_ACCEPTED, run=run, task_id=step.step_id, handle_id=step.handle_id,
                          timestamp=now, message="accepted", data={"attempt": 1})
@@ -241,6 +277,7 @@ def step_execute(step_pk: int, attempt: int, *, started: Step | None = None, ste
 def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: list[Step] | None,
                   spare: ShimLink | None) -> Claim | None:
     plan_error, held = None, started is not None  # a started claim holds its slot (``_dispatch``)
+    ahead: list[tuple[ShimLink | None, Forecast | None]] = []
     if started is None:
         step = Step.objects.select_related("run").filter(pk=step_pk, attempt=attempt,
                                                          run_status=StepRunStatus.ACCEPTED).first()
@@ -295,11 +332,16 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: li
                 cancel_requested=_cancel_poller(run.pk),
                 on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
                 spare=spare,
+                # While it runs, the step that most likely follows here is made ready to start.
+                while_running=(lambda: ahead.append(_warm_following(step, steps))) if steps is not None else None,
             )
     except BaseException:
         release_reservation(step.handle_id)
+        for following_spare, _forecast_made in ahead:
+            if following_spare is not None:
+                following_spare.close()
         raise
-    return step_finish(step, attempt, result, steps=steps)
+    return step_finish(step, attempt, result, steps=steps, ahead=ahead[0] if ahead else None)
 
 
 def _hold_slot(step: Step, attempt: int) -> tuple[bool, dict | None]:
@@ -359,19 +401,23 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
     return step_finish(step, attempt, result)
 
 
-def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None = None) -> Claim | None:
+def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None = None,
+                ahead: tuple[ShimLink | None, Forecast | None] | None = None) -> Claim | None:
     """Apply one attempt's result, fenced by the attempt, and in the same
     transaction schedule a retry or settle the run (under the run's row
     lock, taken first: the same lock order as the sweeper and close).
     ``steps``: the run's steps, known when this attempt was the only one in
-    flight (``Claim.steps``); used only when it succeeded."""
-    spare = None
-    if steps is not None and result["status"] == StepRunStatus.SUCCESS and any(
-        other.status == StepStatus.PENDING and not other.run_status for other in steps
-    ):
-        spare = warm_shim(step)  # the chain most likely goes on here: forked while the transaction runs
+    flight (``Claim.steps``); used only when it succeeded. ``ahead``: what
+    ``_warm_following`` made ready while the attempt ran."""
+    spare, forecast = ahead or (None, None)
+    if steps is None or result["status"] != StepRunStatus.SUCCESS:
+        if spare is not None:
+            spare.close()
+        spare = forecast = None
+    elif ahead is None:  # the step ran in this process (not in a shim): made ready now, during the transaction
+        spare, forecast = _warm_following(step, steps)
     try:
-        claim = _step_finish(step, attempt, result, steps=steps)
+        claim = _step_finish(step, attempt, result, steps=steps, forecast=forecast)
         if spare is not None and claim is not None and claim.started is not None:
             claim, spare = replace(claim, spare=spare), None
         return claim
@@ -380,7 +426,19 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
             spare.close()  # no step of this chain follows here: the spare exits
 
 
-def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None) -> Claim | None:
+def _warm_following(step: Step, steps: list[Step]) -> tuple[ShimLink | None, Forecast | None]:
+    """For a chain that most likely goes on here once ``step`` succeeded:
+    a spare shim for the step that follows, forecast (see ``Forecast``) so
+    that its sandbox is set up in the spare too; nothing when no step is
+    pending."""
+    if not any(other.status == StepStatus.PENDING and not other.run_status for other in steps):
+        return None, None
+    following, forecast = _forecast(step, steps) or (None, None)
+    return warm_shim(step, following=following, forecast=forecast), forecast
+
+
+def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None,
+                 forecast: Forecast | None = None) -> Claim | None:
     run = step.run
     finished_handle = step.handle_id  # the retry below names the next attempt's handle
     error = result["error"]
@@ -427,7 +485,8 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
             # ``step`` is one of ``steps`` (the claim's started step): as just written.
             step.status, step.run_status = StepStatus.SUCCESS, StepRunStatus.SUCCESS
             known = steps
-        claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known)
+        claim, close = _settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known,
+                                      forecast=forecast)
     if close:
         run_close(run.pk)
     if claim is None or not claim.reserved:

@@ -11,7 +11,6 @@ on the host's ledger row.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket
@@ -29,7 +28,7 @@ from runtime.layout import shim_command
 from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 
 _lock = threading.Lock()
-_cached: dict[str, Any] | None = None
+_cached: str | None = None  # the manifest as JSON: each caller gets its own copy, cheaper parsed than deep-copied
 PROBE_TIMEOUT_S = 10
 
 
@@ -43,11 +42,12 @@ def sandbox_uid() -> int | None:
 
 
 def capability_manifest(*, refresh: bool = False) -> dict[str, Any]:
+    """The host's manifest (probed once per process): a copy, the caller's to change."""
     global _cached
     with _lock:
         if _cached is None or refresh:
-            _cached = probe_host()
-        return copy.deepcopy(_cached)
+            _cached = json.dumps(probe_host())
+        return json.loads(_cached)
 
 
 def probe_host() -> dict[str, Any]:

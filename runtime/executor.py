@@ -3,6 +3,7 @@ waited for), an ``http`` or ``file`` step here in the worker."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,8 @@ from runtime.launcher import launch, prepare_request
 from runtime.layout import WORKSPACE_DIR, write_json_atomic
 from runtime.tools import file as file_tool
 from runtime.tools import http as http_tool
+
+logger = logging.getLogger(__name__)
 
 
 def execute(
@@ -27,9 +30,13 @@ def execute(
     cancel_requested: Callable[[], bool] | None = None,
     on_progress: Callable[[int, str], None] | None = None,
     spare: forkserver.ShimLink | None = None,
+    while_running: Callable[[], None] | None = None,
 ) -> dict:
     """Run one tool call to its end and return the step result envelope.
-    ``spare``: a ``warm_shim`` for a shell step (closed unused otherwise)."""
+    ``spare``: a ``warm_shim`` for a shell step (closed unused otherwise).
+    ``while_running``: called once a shell step's shim is started, before
+    waiting for it (the caller's chance to get the next step ready); what it
+    raises is logged, never the step's failure."""
     started = time.time()
     try:
         directory, request = prepare_request(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt,
@@ -37,6 +44,11 @@ def execute(
         if tool == "shell":
             launched = launch(handle_id, request=request, spare=spare)
             spare = None  # started in, or closed by, launch
+            if while_running is not None:
+                try:
+                    while_running()
+                except Exception:
+                    logger.exception("getting the next step ready failed; it starts the usual way")
             return wait(handle_id, cancel_requested=cancel_requested, on_progress=on_progress, launched=launched,
                         request=request)
     except EnvelopeError as exc:

@@ -36,7 +36,9 @@ A *spare* is a shim forked before its step is known (``spare_shim``): it
 waits on its link for ``go <task_dir>`` (``ShimLink.go``), so a worker that
 knows another step will follow can have the fork done while it records the
 step that ended. A spare whose link closes (or that waits ``SPARE_WAIT_S``)
-exits without running anything.
+exits without running anything. A spare asked for with a *preset* (the
+exec fields of the request its step will most likely have) also starts
+that step's sandbox at once and holds it at a gate (``shim.Prestart``).
 """
 
 import _signal
@@ -51,6 +53,9 @@ LOCK_NAME = ".shim-server.lock"
 LOG_NAME = ".shim-server.log"
 REPLY_TIMEOUT_S = 2.0
 SPARE_WAIT_S = 60.0
+# A request line's cap; a spare's preset longer than PRESET_MAX_BYTES is not sent.
+MAX_LINE_BYTES = 256 * 1024
+PRESET_MAX_BYTES = 128 * 1024
 SOURCES = ("shim.py", "shim_process.py", "forkserver.py")
 
 
@@ -193,12 +198,17 @@ def spawn_shim(python, tasks_dir, task_dir, *, pid_namespace, idle_s=600):
     raise ForkServerUnavailable(f"no shim fork server for {tasks_dir}: {reply or 'no answer'}")
 
 
-def spare_shim(python, tasks_dir, *, pid_namespace):
+def spare_shim(python, tasks_dir, *, pid_namespace, preset=None):
     """Ask for a spare (see the module docstring) without waiting for it ->
-    its ShimLink, or None when no server listens (a spare never starts one)."""
+    its ShimLink, or None when no server listens (a spare never starts one).
+    ``preset``: JSON of the exec fields its step will most likely have
+    (``shim.PRESET_FIELDS``), for a spare in a PID namespace to pre-start."""
     isolate = "pidns" if pid_namespace else "plain"
+    line = f"spare\t{code_version(python)}\t{isolate}"
+    if preset and pid_namespace and len(preset) <= PRESET_MAX_BYTES and "\n" not in preset:
+        line += f"\t{preset}"
     try:
-        return _connect(tasks_dir, f"spare\t{code_version(python)}\t{isolate}", pid_namespace=pid_namespace)
+        return _connect(tasks_dir, line, pid_namespace=pid_namespace)
     except OSError:
         return None
 
@@ -238,9 +248,10 @@ def stop_server(tasks_dir):
 # --- server ------------------------------------------------------------------------
 
 
-def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_fd):
+def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_fd, preset=""):
     """Fork the shim; it keeps ``conn``, its link to the launcher. A spare
-    (``task_dir`` None) first waits on it for its step."""
+    (``task_dir`` None) first pre-starts its ``preset``, if any, then waits
+    on it for its step."""
     if isolate:
         pid, _isolated = shim.proc.fork_into_new_pid_namespace(own_namespace_fd)
     else:
@@ -254,9 +265,16 @@ def _fork_shim(shim, task_dir, isolate, own_namespace_fd, listener, conn, lock_f
         os.close(own_namespace_fd)
         os.setsid()
         _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        prestarted = None
         if task_dir is None:
+            prestarted = shim.Prestart.start(preset) if preset else None
             task_dir = _await_go(conn)
-        code = shim.main(task_dir, forked=True, link=conn) if task_dir else 0
+        if task_dir:
+            code = shim.main(task_dir, forked=True, link=conn, prestarted=prestarted)
+        else:
+            if prestarted is not None:
+                prestarted.discard()
+            code = 0
     finally:
         os._exit(code)
 
@@ -277,6 +295,20 @@ def _await_go(conn):
     conn.settimeout(REPLY_TIMEOUT_S)
     command, _, task_dir = received.partition(b"\n")[0].decode(errors="replace").partition("\t")
     return task_dir if command == "go" and task_dir else None
+
+
+def _read_line(conn):
+    """One request line (a spare's may be longer than one read); what
+    follows it on the connection, if anything, is lost."""
+    received = b""
+    while b"\n" not in received:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+        if len(received) > MAX_LINE_BYTES:
+            raise OSError("request line too long")
+    return received.partition(b"\n")[0].decode()
 
 
 def serve(tasks_dir, idle_s):
@@ -327,7 +359,7 @@ def serve(tasks_dir, idle_s):
                 if uid not in (me, 0):
                     continue
                 try:
-                    line = conn.recv(8192).decode().rstrip("\n")
+                    line = _read_line(conn)
                 except (OSError, UnicodeDecodeError):
                     continue
                 command, _, rest = line.partition("\t")
@@ -341,7 +373,7 @@ def serve(tasks_dir, idle_s):
                     conn.sendall(b"error\tunknown command\n")
                     continue
                 client_version, _, rest = rest.partition("\t")
-                isolate, _, task_dir = rest.partition("\t")
+                isolate, _, task_dir = rest.partition("\t")  # a spare's preset, for a spare
                 if client_version != version:
                     conn.sendall(b"stale\n")
                     break
@@ -350,7 +382,8 @@ def serve(tasks_dir, idle_s):
                     continue
                 try:
                     pid = _fork_shim(shim, task_dir if command == "run" else None, isolate == "pidns",
-                                     own_namespace_fd, listener, conn, lock_fd)
+                                     own_namespace_fd, listener, conn, lock_fd,
+                                     preset=task_dir if command == "spare" else "")
                 except OSError as exc:
                     conn.sendall(f"error\tfork failed: {exc}\n".encode())
                     continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from runtime.layout import (
     write_private,
 )
 from runtime.plan_resolver import resolve_plan
+from runtime.sandbox import mount_plan
 from runtime.tools import shell as shell_tool
 from runtime.tools import validate_params
 
@@ -105,7 +107,7 @@ def prepare_request(handle_id: str, *, tool: str, params: dict, timeout_s: float
         "workspace": str(workspace),
     }
     if tool == "shell":
-        command = shell_tool.build_request(params, handle_id=handle_id, workspace=workspace, plan=plan)
+        command = _shell_request(handle_id, params, plan)
         Path(command["cwd"]).mkdir(parents=True, exist_ok=True)
         if chown:
             for path in Path(command["cwd"]).relative_to(workspace).parents:
@@ -114,18 +116,97 @@ def prepare_request(handle_id: str, *, tool: str, params: dict, timeout_s: float
         if command["stdin"]:
             write_private(directory / shim.STDIN_FILE, params["stdin"].encode())
         request.update(command)
-        request.update(
-            {
-                "limits": plan["limits"],
-                "uid": plan.get("uid"),
-                "gid": plan.get("gid"),
-                "tree_kill": plan["tree_kill"],
-                "kill_grace_s": settings.EXECGO_KILL_GRACE_S,
-                "drain_grace_s": settings.EXECGO_DRAIN_GRACE_S,
-            }
-        )
     write_json_atomic(directory / shim.REQUEST_FILE, request)
     return directory, request
+
+
+def _shell_request(handle_id: str, params: dict, plan: dict) -> dict[str, Any]:
+    """The shell part of a request: what the shim starts, and how."""
+    command = shell_tool.build_request(params, handle_id=handle_id, workspace=task_dir(handle_id) / WORKSPACE_DIR,
+                                       plan=plan)
+    command.update(
+        {
+            "limits": plan["limits"],
+            "uid": plan.get("uid"),
+            "gid": plan.get("gid"),
+            "tree_kill": plan["tree_kill"],
+            "kill_grace_s": settings.EXECGO_KILL_GRACE_S,
+            "drain_grace_s": settings.EXECGO_DRAIN_GRACE_S,
+        }
+    )
+    return command
+
+
+def sandbox_preset(handle_id: str, *, tool: str, params: dict, plan: dict) -> str | None:
+    """For a step that will most likely be prepared as ``handle_id`` with
+    ``plan``: the exec fields its request will have, as the preset of a
+    spare that pre-starts its sandbox (see ``shim.Prestart``) -> JSON, or
+    None when it starts the usual way: no bubblewrap sandbox in a PID
+    namespace of its own, stdin (its file comes with the request), outbound
+    network (pasta starts in front of bubblewrap), or what the gate would
+    not start as bubblewrap does (``_gate_keeps``)."""
+    if tool != "shell" or plan.get("profile") != "linux_sandbox" or plan.get("tree_kill") != "pid_namespace":
+        return None
+    try:
+        validate_params(tool, params)
+        command = _shell_request(handle_id, params, plan)
+    except (EnvelopeError, KeyError):
+        return None
+    if command["stdin"] or command["own_proc"] or command["isolation"] or not command["sandbox_argv"]:
+        return None
+    if not _gate_keeps(command, handle_id, plan):
+        return None
+    return json.dumps({name: command.get(name) for name in shim.PRESET_FIELDS})
+
+
+# Variables the gate's shell sets or reads itself (dash): a step naming one
+# starts without a pre-started sandbox.
+SHELL_VARIABLES = frozenset({"PWD", "OLDPWD", "PPID", "IFS", "OPTIND", "OPTARG", "LINENO", "ENV", "PS1", "PS2",
+                             "PS4", "MAIL", "MAILPATH", "MAILCHECK", "HISTSIZE"})
+
+
+def _gate_keeps(command: dict[str, Any], handle_id: str, plan: dict) -> bool:
+    """Whether the pre-started sandbox's gate (``shim.GATE_ARGV``) execs the
+    command as bubblewrap itself would. Its shell passes every variable on
+    but its own (in another order), and it would report an exec failure in
+    its own words: so the program must be one the step's uid can run, found
+    on the host's read-only root (not in a tmpfs or hidden path)."""
+    env = command["env"]
+    if SHELL_VARIABLES & env.keys() or not os.access(shim.GATE_ARGV[0], os.X_OK):
+        return False
+    masked = [mount["path"] for mount in mount_plan(workspace=str(task_dir(handle_id) / WORKSPACE_DIR),
+                                                    cwd=command["cwd"], limits=plan.get("limits") or {})]
+    program = _program(command["argv"][0], env.get("PATH"))
+    return program is not None and _runnable(program, uid=plan.get("uid"), masked=[*masked, "/dev", "/proc"])
+
+
+def _program(file: str, path: str | None) -> str | None:
+    """The file execvp would run for ``file`` (the first that exists along
+    ``path``), or None when that depends on the working directory."""
+    if "/" in file:
+        return file if file.startswith("/") else None
+    for directory in (path or "").split(":"):
+        if not directory.startswith("/"):
+            return None  # "" and relative entries search the workspace
+        candidate = os.path.join(directory, file)
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _runnable(program: str, *, uid: int | None, masked: list[str]) -> bool:
+    real = os.path.realpath(program)
+    if any(real == path or real.startswith(path.rstrip("/") + "/") for path in masked):
+        return False
+    if uid is None:  # the step runs as this worker
+        return os.path.isfile(real) and os.access(real, os.X_OK)
+    try:
+        mode = os.stat(real).st_mode
+        # An id of its own is never a file's owner or group: the "other" bits decide.
+        return stat.S_ISREG(mode) and bool(mode & stat.S_IXOTH) and all(
+            os.stat(parent).st_mode & stat.S_IXOTH for parent in Path(real).parents)
+    except OSError:
+        return False
 
 
 def reap_spawned() -> None:
@@ -166,14 +247,15 @@ def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
     return pid
 
 
-def warm_shim(plan: dict[str, Any]) -> forkserver.ShimLink | None:
+def warm_shim(plan: dict[str, Any], *, preset: str | None = None) -> forkserver.ShimLink | None:
     """A spare shim (see runtime/forkserver.py) for a step that will run
     with ``plan``'s isolation, forked while the caller does other work; for
-    ``launch(spare=…)``. None when the fork server is not in use or not up."""
+    ``launch(spare=…)``. ``preset``: a ``sandbox_preset`` for it to
+    pre-start. None when the fork server is not in use or not up."""
     if not settings.EXECGO_SHIM_FORKSERVER:
         return None
     return forkserver.spare_shim(shim_python(), str(tasks_dir()),
-                                 pid_namespace=plan.get("tree_kill") == "pid_namespace")
+                                 pid_namespace=plan.get("tree_kill") == "pid_namespace", preset=preset)
 
 
 def _start_shim(directory: Path, request: dict[str, Any], spare: forkserver.ShimLink | None = None

@@ -38,6 +38,21 @@ about 7 ms on a 2-core VM), no ``signal`` (imports ``enum``), no ``subprocess``;
 C modules ``_json`` and ``_signal`` are used instead. ``ctypes`` (about
 3 ms) is loaded only for the process-scan fallback (prctl).
 
+A *pre-started* sandbox (``Prestart``): a spare shim that is told at fork
+time which step will most likely be handed to it (its ``preset``: the exact
+command, environment, credentials, limits and bubblewrap mounts) starts
+that command's sandbox at once, while the worker is still recording the
+previous step. bubblewrap sets up its namespaces and mounts and then runs a
+gate (``GATE_ARGV``) reading GATE_FD: only the line ``go`` there makes it
+exec the command (with GATE_FD closed); end of file, which is all a dead
+shim can give it, makes it exit having run nothing. (bubblewrap's own
+``--block-fd`` goes on at end of file: a shim killed at the wrong moment
+would start a step nobody claimed.) On ``go <task_dir>`` the
+shim writes ``go`` only if the step's request asks for exactly the preset
+and the sandbox is still up; otherwise it kills that sandbox and starts the
+command the usual way. The step's uid, limits and mounts are thus the same
+either way; only the wait for bubblewrap is off the step's path.
+
 ``ru_maxrss`` is the kernel's high-water mark for the command's process;
 a forked command's includes its moments as a fork of the shim before exec
 (about 9 MB).
@@ -70,6 +85,17 @@ SHIM_ERR_FILE = "shim.err"
 MARKER_ENV = "EXECGO_HANDLE_ID"
 
 SIG = _signal
+# What of a request decides how its command is started: a pre-started
+# sandbox serves a request only if these are what it was started with.
+PRESET_FIELDS = ("argv", "cwd", "env", "sandbox_argv", "isolation", "own_proc", "stdin", "limits", "uid", "gid",
+                 "tree_kill")
+# The gate a pre-started sandbox waits at: /bin/sh reads GATE_FD and execs
+# the command only on the line "go", with GATE_FD closed. Only a step whose
+# environment and program the shell passes on as they are gets one
+# (``launcher.sandbox_preset``); PWD is bubblewrap's (--chdir sets it).
+GATE_SCRIPT = f'read -r go <&{proc.GATE_FD} && [ "$go" = go ] && exec "$@" {proc.GATE_FD}<&-'
+GATE_ARGV = ["/bin/sh", "-c", GATE_SCRIPT, "execgo-gate"]
+GO = b"go\n"
 STDERR_TAIL_BYTES = 4096
 CANCEL_POLL_S = 0.05
 READ_CHUNK = 65536
@@ -78,10 +104,88 @@ READ_CHUNK = 65536
 # --- the supervisor --------------------------------------------------------------
 
 
+class Prestart:
+    """A sandbox started for a step before the step was known (see the
+    module docstring); forked by a spare shim that is PID 1 of its own PID
+    namespace, so nothing of it outlives the spare."""
+
+    def __init__(self, preset):
+        self.preset = preset
+        self.taken = self.discarded = False
+        req = dict(preset, sandbox_argv=list(preset["sandbox_argv"]) + GATE_ARGV)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        gate_r, self.gate_w = os.pipe()
+        self.exec_pipe, exec_w = os.pipe()
+        stdin_fd = os.open(os.devnull, os.O_RDONLY)
+        theirs = (out_w, err_w, gate_r, exec_w, stdin_fd)
+        try:
+            self.pid = os.fork()
+        except OSError:
+            for fd in (*theirs, out_r, err_r, self.gate_w, self.exec_pipe):
+                os.close(fd)
+            raise
+        if self.pid == 0:
+            for fd in (out_r, err_r, self.gate_w, self.exec_pipe):
+                os.close(fd)
+            proc.exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig=False, gate_fd=gate_r)
+        for fd in theirs:
+            os.close(fd)
+        self.pipes = {out_r: "stdout", err_r: "stderr"}
+
+    @classmethod
+    def start(cls, preset_text):
+        """A Prestart for a preset as the launcher sent it, or None when it
+        cannot be started here (nothing is then left running)."""
+        try:
+            preset = proc.loads(preset_text)
+            if not (isinstance(preset, dict) and preset.get("sandbox_argv") and os.getpid() == 1):
+                return None
+            return cls(preset)
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def take(self, req):
+        """Let the sandbox run ``req``'s command -> its pid; or discard it
+        (-> None) when ``req`` asks for anything else or the sandbox is gone."""
+        failure = b""
+        while chunk := os.read(self.exec_pipe, 4096):  # EOF once bubblewrap was exec'd, or its child failed
+            failure += chunk
+        os.close(self.exec_pipe)
+        self.exec_pipe = None
+        wanted = {name: req.get(name) for name in PRESET_FIELDS}
+        if failure or wanted != self.preset or os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            self.discard()
+            return None
+        os.write(self.gate_w, GO)
+        os.close(self.gate_w)
+        self.taken = True
+        return self.pid
+
+    def discard(self):
+        """Kill the sandbox before its gate opened and reap it (idempotent;
+        nothing once taken)."""
+        if self.taken or self.discarded:
+            return
+        self.discarded = True
+        # As PID 1 of the namespace: bubblewrap and whatever it started (the
+        # gate), which can thus no longer run when its gate closes below.
+        for pid in (self.pid, -1):
+            try:
+                os.kill(pid, SIG.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.waitpid(self.pid, 0)
+        for fd in [self.gate_w, self.exec_pipe, *self.pipes]:
+            if fd is not None:
+                os.close(fd)
+
+
 class Supervisor:
-    def __init__(self, task_dir, req):
+    def __init__(self, task_dir, req, prestarted=None):
         self.task_dir = task_dir
         self.req = req
+        self.prestarted = prestarted
         self.limits = req.get("limits") or {}
         self.log_cap = self.limits.get("log_cap_bytes")
         self.timeout_s = float(req.get("timeout_s") or 0) or None
@@ -99,7 +203,7 @@ class Supervisor:
         self.pending = b""
         self.progress_fd = None
         self.exec_pipe = None  # read end of the forked child's failure report
-        self.started_by = None  # "posix_spawn" | "fork"
+        self.started_by = None  # "posix_spawn" | "fork" | "prestart"
         self.next_cancel_check = 0.0
         self.started_at = self.finished_at = time.time()
 
@@ -150,11 +254,21 @@ class Supervisor:
     def _start(self):
         req = self.req
         self.logs = {}  # opened on the first byte: a silent command costs no file creation
+        self.pidns = os.getpid() == 1
+        if self.prestarted is not None:
+            self.started_at = time.time()
+            self.t0 = time.monotonic()
+            pid = self.prestarted.take(req)
+            if pid is not None:
+                self.started_by = "prestart"
+                self.pipes = dict(self.prestarted.pipes)
+                self.main_pid = pid
+                self.main_pidfd = os.pidfd_open(pid)
+                return
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         stdin_fd = os.open(self.path(STDIN_FILE) if req.get("stdin") else os.devnull, os.O_RDONLY)
         self.pipes = {out_r: "stdout", err_r: "stderr"}
-        self.pidns = os.getpid() == 1
         if not self.pidns:
             if self.tree_kill == "pid_namespace":
                 self.notes.append("not started in a PID namespace; killing by process scan")
@@ -283,6 +397,7 @@ class Supervisor:
         if not hasattr(self, "main_pid"):
             return
         give_up = time.monotonic() + 2.0
+        pause = 0.0001  # killed processes are gone in well under a millisecond, a namespace's teardown in a few
         while True:
             if self.pidns:
                 self._signal_tree(SIG.SIGKILL)
@@ -300,7 +415,8 @@ class Supervisor:
             if time.monotonic() > give_up:
                 self.notes.append("processes were still alive 2 s after the final SIGKILL")
                 return
-            time.sleep(0.002)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     def _reap(self):
         """Reap every finished child; True if there may be children left."""
@@ -426,12 +542,13 @@ def _bwrap_exec_error(stderr_tail):
 # --- entry points -------------------------------------------------------------------
 
 
-def main(task_dir, *, forked=False, link=None):
+def main(task_dir, *, forked=False, link=None, prestarted=None):
     """Supervise the step in task_dir; always leaves a result.json behind.
 
     ``forked``: called in a fork of the fork server, whose stdio is not ours;
     started by ``posix_spawn`` instead, stderr already is ``shim.err``.
     ``link``: the launcher's connection, when forked (see forkserver.py).
+    ``prestarted``: a spare's ``Prestart``, used if the step is its preset.
     """
     task_dir = os.path.abspath(task_dir)
     if forked:
@@ -449,7 +566,7 @@ def main(task_dir, *, forked=False, link=None):
     supervisor = None
     try:
         req = proc.loads(proc.read_file(os.path.join(task_dir, REQUEST_FILE)).decode())
-        supervisor = Supervisor(task_dir, req)
+        supervisor = Supervisor(task_dir, req, prestarted)
         result = supervisor.run()
     except BaseException as exc:
         import traceback  # only on failure: it costs start-up time
@@ -458,6 +575,8 @@ def main(task_dir, *, forked=False, link=None):
             traceback.print_exc(file=err)
         result = supervisor.outcome() if supervisor else {"version": 1, "termination": None}
         result["shim_error"] = f"{type(exc).__name__}: {exc}"
+    if prestarted is not None:
+        prestarted.discard()  # not taken (a cancel before the start, a failure): its gate never opens
     proc.write_json_atomic(os.path.join(task_dir, RESULT_FILE), result)
     if link is not None:
         try:

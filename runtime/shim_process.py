@@ -23,6 +23,8 @@ IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CPU_HARD_GRACE_S = 1
+GATE_FD = 3
+MAX_FD = 1 << 20  # close_range(2) takes any bound at the same cost
 SIG = _signal
 
 # --- JSON with the C accelerator only ---------------------------------------
@@ -300,11 +302,13 @@ def _program_paths(file, env):
     return [candidate for directory in directories if os.path.lexists(candidate := os.path.join(directory, file))]
 
 
-def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
+def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig, gate_fd=None):
     """Child side: session, fds, limits, credentials, exec. Never returns.
 
     Runs in a fork of the small shim, never of the worker. RLIMIT_AS is set
     last: from there on this interpreter may not map new memory.
+    ``gate_fd``: handed to the command as GATE_FD (a pre-started sandbox's
+    gate, see ``shim.Prestart``).
     """
     stage = "setup"
     try:
@@ -313,6 +317,20 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig):
         os.dup2(stdin_fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
+        if gate_fd is not None:
+            if exec_w == GATE_FD:
+                exec_w = os.dup(exec_w)  # close-on-exec still, out of the gate's way
+            if gate_fd == GATE_FD:
+                os.set_inheritable(GATE_FD, True)
+            else:
+                os.dup2(gate_fd, GATE_FD)
+        # Nothing else the shim, the fork server or whoever started them had
+        # open reaches the command (exec_w closes itself at exec).
+        low = 3
+        for keep in sorted({exec_w, *((GATE_FD,) if gate_fd is not None else ())}):
+            os.closerange(low, keep)
+            low = keep + 1
+        os.closerange(low, MAX_FD)
         reset_signals()
         limits = req.get("limits") or {}
         stage = "rlimit"

@@ -1,8 +1,11 @@
 """A sequential chain starts each next step in a spare shim, forked while
-the previous step's result was being recorded; a spare that no step takes
-never outlives the chain."""
+the previous step ran and its result was being recorded, with the next
+step's sandbox set up there ahead (pre-started); a spare that no step
+takes never outlives the chain, and never runs the step it was told of."""
 
 import json
+import threading
+import uuid
 
 import psutil
 import pytest
@@ -13,6 +16,7 @@ from runs.models import Run, Step, StepStatus
 from runs.pipeline import run_advance
 from runs.services import run_submit
 from runtime import executor, forkserver, layout
+from runtime.capabilities import capability_manifest
 from tests.conftest import simple_plan, wait_until
 from tests.runs.conftest import start_attempt
 
@@ -35,7 +39,62 @@ def test_each_next_step_of_a_chain_starts_in_a_spare(tenant, agent):
     started = [json.loads((layout.task_dir(handle) / "launch.json").read_text())["via"]
                for handle in Step.objects.filter(run=run).order_by("position").values_list("handle_id", flat=True)]
     assert started[1:] == ["spare"] * 4  # the first step's shim was forked on demand
+    if capability_manifest()["bubblewrap"]["available"]:  # the default profile is linux_sandbox: pre-started
+        assert [step.result["details"]["started_by"] for step in Step.objects.filter(run=run).order_by("position")
+                ][1:] == ["prestart"] * 4
     wait_until(lambda: shims_of_the_fork_server() == [], what="every shim and spare gone")
+
+
+def commands_named(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0] == "sleep"
+            and any(marker in part for part in p.info["cmdline"])]
+
+
+def gates_for(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "execgo-gate" in (p.info["cmdline"] or ())
+            and any(marker in part for part in p.info["cmdline"])]
+
+
+needs_bubblewrap = pytest.mark.skipif(not capability_manifest()["bubblewrap"]["available"],
+                                      reason="pre-starting is for bubblewrap sandboxes")
+
+
+@needs_bubblewrap
+@pytest.mark.parametrize("ending", ["the step fails", "the run is cancelled"])
+def test_the_step_pre_started_while_its_predecessor_runs_never_runs_if_the_chain_stops(tenant, agent, ending):
+    marker = str(uuid.uuid4().int % 10**9)
+    first = ["/bin/sh", "-c", f"sleep 3; exit {3 if ending == 'the step fails' else 0}"]
+    run = run_submit(tenant=tenant, user=agent, plan=simple_plan(first, ["sleep", f"600.{marker}"])).run
+    seen, ran, chain_over = threading.Event(), threading.Event(), threading.Event()
+
+    def meanwhile():
+        # The second step's sandbox comes up at its gate while the first one
+        # runs; its command must never start, whatever the chain does next.
+        cancelled = False
+        while not chain_over.is_set():
+            if gates_for(marker):
+                seen.set()
+            if commands_named(marker):
+                ran.set()
+            if seen.is_set() and ending == "the run is cancelled" and not cancelled:
+                Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
+                cancelled = True
+            chain_over.wait(0.01)
+
+    watcher = threading.Thread(target=meanwhile)
+    watcher.start()
+    try:
+        execute_claims(run_advance(run.pk))
+        wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
+    finally:
+        chain_over.set()
+        watcher.join()
+
+    assert seen.is_set()
+    run.refresh_from_db()
+    assert run.state == ("CLOSED_FAILED" if ending == "the step fails" else "CLOSED_CANCELLED")
+    assert Step.objects.get(run=run, step_id="s1").status == StepStatus.SKIPPED
+    assert not ran.is_set() and commands_named(marker) == []
 
 
 def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_run):

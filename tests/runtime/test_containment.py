@@ -22,7 +22,7 @@ import psutil
 import pytest
 from django.conf import settings
 
-from runtime import attach, executor, launcher, layout
+from runtime import attach, executor, forkserver, launcher, layout
 from runtime.plan_resolver import resolve_plan
 from tests.runtime.conftest import FORK_BOMB, SYSTEM_PYTHON, needs_bubblewrap, needs_system_python, wait_until
 
@@ -68,6 +68,11 @@ def victim():
     for name in ("stdout.log", "stderr.log", "result.json"):
         layout.write_private(directory / name, f"{SECRET}\n".encode())
     (directory / "workspace" / "notes.txt").write_text(f"{SECRET}\n")
+    # A descriptor of the secret left open (inheritable) by whoever started
+    # the worker: the fork server started next inherits it, as would a shim.
+    forkserver.stop_server(str(layout.tasks_dir()))
+    leaked = os.open(directory / "stdout.log", os.O_RDONLY)
+    os.set_inheritable(leaked, True)
     live_id = f"{handle_id}-live"
     launcher.prepare(live_id, tool="shell", params={"argv": ["sleep", "120"], "env": {"STEP_SECRET": SECRET}},
                      timeout_s=120, attempt=1, plan=plan)
@@ -85,6 +90,7 @@ def victim():
     yield {"dir": directory, "handle": handle_id, "live_pid": live_pid}
     attach.cancel(live_id)
     attach.wait(live_id)
+    os.close(leaked)
     data_secret.unlink()
     (broker / "message.json").unlink()
     broker.rmdir()
@@ -141,6 +147,9 @@ def attempts(victim, web_port) -> dict[str, str]:
         "the web port on loopback": connect("127.0.0.1", web_port),
         "the web port on the host's address": connect(address, web_port) if address else "true",
         "the shim fork server's socket": connect_unix(f"{tasks}/.shim-server.sock"),
+        "read a descriptor the worker left open": f"{SYSTEM_PYTHON} -c \"import os\nfor fd in range(3, 1024):\n"
+                                                  "    try: print(os.pread(fd, 4096, 0))\n    except OSError: pass\" "
+                                                  f"| grep -q {SECRET} && echo ESCAPED",
         "signal the worker": f"kill -0 {worker} && echo ESCAPED",
         "signal another step": f"kill -0 {pid} && echo ESCAPED",
         "read the host's shadow file": "cat /etc/shadow >/dev/null && echo ESCAPED",
