@@ -6,12 +6,9 @@ holds a resource-ledger reservation around every launch; ``runtime`` knows
 nothing of runs.
 """
 
-from __future__ import annotations
-
 import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from runs.models import Step
 from runtime import attach, executor, launcher, layout, ledger, shim
@@ -20,9 +17,6 @@ from runtime.envelopes import EnvelopeError, error_envelope, failed_result
 from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
 from runtime.plan_resolver import SANDBOX_KEYS, resolve_plan
-
-if TYPE_CHECKING:
-    from runs.execution import Forecast
 
 DEFAULT_QUEUE = "celery"
 SANDBOX_QUEUE = "execgo.linux_sandbox"
@@ -126,17 +120,17 @@ def release_reservation(handle_id: str, *, only_mine: bool = False) -> None:
     ledger.release(handle_id, only_mine=only_mine)
 
 
-def warm_shim(step: Step, *, following: Step | None = None, forecast: Forecast | None = None) -> ShimLink | None:
+def warm_shim(step: Step, *, following: Step | None = None, handle_id: str = "", plan: dict | None = None
+              ) -> ShimLink | None:
     """A shim forked ahead for the step that follows ``step`` on this
-    worker: ``following``, to be started as its ``forecast`` says (see
-    ``runs.execution.Forecast``), its sandbox pre-started too where it has
-    one; or, with no forecast, assuming the same isolation as ``step``. A
+    worker: ``following``, when it is known that it will be started as
+    ``handle_id`` with ``plan`` (``runs.execution.Forecast``), its sandbox
+    pre-started there too; else assuming the same isolation as ``step``. A
     spare that does not fit the step that comes goes unused."""
-    if following is None or forecast is None:
+    if following is None or plan is None:
         return launcher.warm_shim(step.effective_plan or {})
-    preset = launcher.sandbox_preset(forecast.handle_id, tool=following.tool, params=following.params,
-                                     plan=forecast.plan)
-    return launcher.warm_shim(forecast.plan, preset=preset)
+    preset = launcher.sandbox_preset(handle_id, tool=following.tool, params=following.params, plan=plan)
+    return launcher.warm_shim(plan, preset=preset)
 
 
 def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Callable[[], bool],

@@ -434,7 +434,9 @@ def _warm_following(step: Step, steps: list[Step]) -> tuple[ShimLink | None, For
     if not any(other.status == StepStatus.PENDING and not other.run_status for other in steps):
         return None, None
     following, forecast = _forecast(step, steps) or (None, None)
-    return warm_shim(step, following=following, forecast=forecast), forecast
+    if forecast is None:
+        return warm_shim(step), None
+    return warm_shim(step, following=following, handle_id=forecast.handle_id, plan=forecast.plan), forecast
 
 
 def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | None,

@@ -34,7 +34,7 @@ from django.db import connection
 from psycopg.conninfo import make_conninfo
 
 from runs.metrics import EVENTS_RELAYED
-from runs.models import Event, EventType
+from runs.models import Event, EventType, Run
 from runs.selectors import LIVE_EVENT_FIELDS, latest_event_id
 from runs.statemachine import RunState
 
@@ -68,7 +68,7 @@ def event_payload(row: dict) -> dict:
 
 def groups_for(row: dict) -> list[str]:
     groups = [run_group(row["run_id"])]
-    if row["type"] == EventType.RUN_STATE_CHANGED:
+    if row["type"] == EventType.RUN_STATE_CHANGED and row["run__tenant_id"] is not None:
         groups.append(runs_group(row["run__tenant_id"]))
         if RunState.AWAITING_HITL in (row["data"].get("from"), row["data"].get("to")):
             groups.append(approvals_group(row["run__tenant_id"]))
@@ -76,7 +76,16 @@ def groups_for(row: dict) -> list[str]:
 
 
 def rows_after(cursor: int, *, limit: int = BATCH) -> list[dict]:
-    return list(Event.objects.filter(pk__gt=cursor).order_by("pk").values(*LIVE_EVENT_FIELDS, "run__tenant_id")[:limit])
+    """The events after ``cursor``, each with its run's tenant. Two reads of
+    one table each, not a join: a statement holding one table's lock while
+    it waits for the other's deadlocks with one that takes them the other
+    way round (a TRUNCATE, a migration's ALTER TABLE)."""
+    rows = list(Event.objects.filter(pk__gt=cursor).order_by("pk").values(*LIVE_EVENT_FIELDS)[:limit])
+    runs = {row["run_id"] for row in rows}
+    tenants = dict(Run.objects.filter(pk__in=runs).values_list("pk", "tenant_id")) if runs else {}
+    for row in rows:
+        row["run__tenant_id"] = tenants.get(row["run_id"])  # None: the run was deleted since
+    return rows
 
 
 class OutboxRelay:

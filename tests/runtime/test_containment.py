@@ -32,6 +32,8 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="containment by uid is what a root worker does"),
 ]
 PROFILES = [pytest.param("linux_sandbox", marks=needs_bubblewrap()), "process"]
+# ... and a chain's next step, whose bubblewrap sandbox a spare set up ahead (runtime.shim.Prestart).
+PRESTARTED = "linux_sandbox, pre-started"
 
 
 def connect(host: str, port: int, family: str = "AF_INET") -> str:
@@ -172,13 +174,23 @@ ATTEMPTS = list(attempts({"dir": Path("/x"), "handle": "x", "live_pid": 1}, 1))
 
 
 def run_default_step(script: str, profile: str | None, *, timeout_s: float = 20) -> dict:
+    """Run ``script`` in a step of ``profile`` (None: the default; PRESTARTED:
+    in a spare that set its sandbox up ahead, as a chain's next step is)."""
     handle_id = f"t-{uuid.uuid4().hex[:16]}"
-    plan = resolve_plan({"profile": profile} if profile else {}, mode="strict")
-    return executor.execute(handle_id, tool="shell", params={"script": script}, timeout_s=timeout_s, attempt=1,
-                            plan=plan)
+    params = {"script": script}
+    prestarted = profile == PRESTARTED
+    plan = resolve_plan({"profile": "linux_sandbox" if prestarted else profile} if profile else {}, mode="strict")
+    spare = None
+    if prestarted:
+        spare = launcher.warm_shim(plan, preset=launcher.sandbox_preset(handle_id, tool="shell", params=params,
+                                                                        plan=plan))
+    result = executor.execute(handle_id, tool="shell", params=params, timeout_s=timeout_s, attempt=1, plan=plan,
+                              spare=spare)
+    assert (result["details"]["started_by"] == "prestart") == prestarted
+    return result
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", [*PROFILES, pytest.param(PRESTARTED, marks=needs_bubblewrap())])
 @pytest.mark.parametrize("name", ATTEMPTS)
 def test_an_escape_attempt_gets_nothing(victim, web_port, profile, name):
     assert len(ATTEMPTS) >= 20
@@ -186,7 +198,7 @@ def test_an_escape_attempt_gets_nothing(victim, web_port, profile, name):
     script = attempts(victim, web_port)[name].replace("{tag}", tag)
     result = run_default_step(script, profile)
 
-    assert result["details"]["plan"]["profile"] == profile
+    assert result["details"]["plan"]["profile"] == profile.split(",")[0]
     assert result["details"]["termination"] == "exited"  # it ran, and was refused by what it tried
     if name in WRITES:
         # A write into the step's own tmpfs (the process profile's /var/tmp) may succeed: what counts is the host.
