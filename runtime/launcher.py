@@ -181,17 +181,11 @@ def _gate_keeps(command: dict[str, Any], handle_id: str, plan: dict) -> bool:
 
 
 def _program(file: str, path: str | None) -> str | None:
-    """The file execvp would run for ``file`` (the first that exists along
-    ``path``), or None when that depends on the working directory."""
-    if "/" in file:
-        return file if file.startswith("/") else None
-    for directory in (path or "").split(":"):
-        if not directory.startswith("/"):
-            return None  # "" and relative entries search the workspace
-        candidate = os.path.join(directory, file)
-        if os.path.exists(candidate):
-            return candidate
-    return None
+    """The file execvp would run for ``file`` (the shim's own search), or
+    None when that depends on the working directory (the workspace)."""
+    if not file.startswith("/") and ("/" in file or any(not d.startswith("/") for d in (path or "").split(":"))):
+        return None
+    return next(iter(shim.proc.program_paths(file, {"PATH": path or ""})), None)
 
 
 def _runnable(program: str, *, uid: int | None, masked: list[str]) -> bool:

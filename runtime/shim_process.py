@@ -278,7 +278,7 @@ def spawn_command(req, stdin_fd, out_w, err_w):
         actions = [(os.POSIX_SPAWN_DUP2, stdin_fd, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                    (os.POSIX_SPAWN_DUP2, err_w, 2)]
         saved = last = None
-        for path in _program_paths(argv[0], env):
+        for path in program_paths(argv[0], env):
             try:
                 pid = os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
                                      setsigdef=CHILD_DEFAULT_SIGNALS, setsigmask=())
@@ -292,7 +292,7 @@ def spawn_command(req, stdin_fd, out_w, err_w):
         return None, {"errno": exc.errno or 0, "stage": stage, "message": str(exc)}
 
 
-def _program_paths(file, env):
+def program_paths(file, env):
     """Where exec*p would look for ``file`` with ``env``'s PATH, skipping
     the places where nothing is (a stat is cheaper than a failed spawn)."""
     if os.sep in file:
