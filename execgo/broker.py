@@ -1,35 +1,161 @@
-"""The embedded default's broker: kombu's filesystem transport, with
-messages published atomically.
+"""The embedded default's broker: kombu's filesystem transport, made safe for
+several processes producing and consuming at once.
 
-kombu writes a message file in place (open, then lock, then write), and its
-consumer moves files away without taking that advisory lock. A consumer
-polling while a producer writes can therefore take an empty file: the
-message is lost and the consumer's loop dies on the JSON error. Here the
-message is written under a name the consumer never picks up (it matches
-only ``*.<queue>.msg``) and renamed into place, which is atomic.
+kombu's own transport has three races, each of which loses or garbles work:
+
+- **Messages** are written in place (open, then lock, then write), and the
+  consumer moves files away without taking that advisory lock: a consumer
+  polling while a producer writes takes an empty file, the message is lost
+  and the consumer's loop dies on the JSON error. Here a message is written
+  under a name no consumer picks up (it matches only ``*.<queue>.msg``) and
+  renamed into place, which is atomic.
+- **Exchange tables** (the bindings, one JSON file per exchange in the
+  control folder) are created with ``open("wb")`` and only then locked, so a
+  publisher's lookup that opens the file in between reads an empty table and
+  its ``put`` raises ``JSONDecodeError``; two first binds both truncate the
+  file and one binding is lost. Here every change to a table is a
+  read-modify-write under an exclusive lock on a lock file of its own (never
+  replaced), and the new table is renamed into place: a reader always sees a
+  whole table, the old one or the new one, without taking a lock. And the
+  transport's record of what is bound is global to the process: a second
+  thread saw a binding as declared while the first was still writing it,
+  skipped its own bind, published, read a table without it, and the message
+  was dropped as undeliverable. Here a bind holds a process-wide lock until
+  its table is written.
+- **Taking a message** moves it to the system's temporary directory, which
+  on another filesystem is a copy and a delete: two consumers can both copy
+  (and deliver) one message, or one can delete the copy the other is about
+  to read. Here it is renamed into the processed folder (the same
+  filesystem as the queue, see ``execgo.settings``), and exactly one
+  consumer's rename succeeds.
+
+A message taken is deleted before it is acknowledged (as in kombu's own
+transport): a worker killed while holding one loses it. The database is the
+source of truth for that case, and the sweeper sends such a run's work again
+(``runs.sweeper``).
 """
 
+import fcntl
 import os
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from queue import Empty
 from time import monotonic
 
 from kombu.exceptions import ChannelError
-from kombu.transport import TRANSPORT_ALIASES, filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.transport import TRANSPORT_ALIASES, filesystem, virtual
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+exchange_queue_t = filesystem.exchange_queue_t
+_binding = threading.Lock()
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """``data`` at ``path`` in one step: written beside it under a name
+    nobody reads, then renamed over it."""
+    partial = f"{path}.{uuid.uuid4().hex}.partial"
+    try:
+        with open(partial, "wb") as file:
+            file.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        try:
+            os.unlink(partial)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 class Channel(filesystem.Channel):
+    # --- messages ---------------------------------------------------------
+
     def _put(self, queue, payload, **kwargs):
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
-        partial = f"{final}.partial"
         try:
-            with open(partial, "wb") as file:
-                file.write(str_to_bytes(dumps(payload)))
-            os.replace(partial, final)
+            _write_atomically(final, str_to_bytes(dumps(payload)))
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def _get(self, queue):
+        wanted = f"{queue}.msg"
+        for name in sorted(os.listdir(self.data_folder_in)):
+            if name.partition(".")[2] != wanted:
+                continue
+            taken = os.path.join(self.processed_folder, name)
+            try:
+                os.rename(os.path.join(self.data_folder_in, name), taken)
+            except FileNotFoundError:
+                if not os.path.isdir(self.processed_folder):
+                    raise ChannelError(f"The processed folder {self.processed_folder!r} is missing") from None
+                continue  # another consumer took it first
+            except OSError as exc:
+                raise ChannelError(f"Cannot take {name!r} from the queue") from exc
+            try:
+                with open(taken, "rb") as file:
+                    payload = file.read()
+                if not self.store_processed:
+                    os.remove(taken)
+            except OSError as exc:
+                raise ChannelError(f"Cannot read file {taken!r} from queue.") from exc
+            return loads(bytes_to_str(payload))
+        raise Empty()
+
+    # --- exchange tables --------------------------------------------------
+
+    def get_table(self, exchange):
+        file = self._exchange_file(exchange)
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ChannelError(f"Cannot open {file}") from exc
+        return [exchange_queue_t(*q) for q in loads(bytes_to_str(data))]
+
+    @contextmanager
+    def _table_locked(self, exchange) -> Iterator[str]:
+        """The exchange's table file, with every other writer of it kept out."""
+        file = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        try:
+            lock = open(f"{file}.lock", "ab")
+        except OSError as exc:
+            raise ChannelError(f"Cannot open {file}.lock") from exc
+        with lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            yield str(file)  # closing the file releases the lock
+
+    def queue_bind(self, *args, **kwargs):
+        with _binding:  # see the module's docstring: declared is written
+            return super().queue_bind(*args, **kwargs)
+
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        binding = exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        with self._table_locked(exchange) as file:
+            queues = self.get_table(exchange)
+            if binding not in queues:
+                queues.insert(0, binding)
+                self._write_table(file, queues)
+
+    def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
+        virtual.Channel._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
+        binding = exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        with self._table_locked(exchange) as file:
+            queues = self.get_table(exchange)
+            if binding in queues:
+                queues.remove(binding)
+                self._write_table(file, queues)
+
+    @staticmethod
+    def _write_table(file: str, queues: list) -> None:
+        try:
+            _write_atomically(file, str_to_bytes(dumps(queues)))
+        except OSError as exc:
+            raise ChannelError(f"Cannot write {file}") from exc
 
 
 class Transport(filesystem.Transport):

@@ -1,23 +1,41 @@
-"""The embedded default's broker publishes message files atomically: a
-consumer never takes a message that is still being written."""
+"""The embedded default's broker under concurrency: a consumer never takes a
+message that is still being written, a publisher never reads a half-written
+exchange table, concurrent binds keep every binding, and two consumers never
+both take one message."""
 
+import multiprocessing
+import subprocess
+import sys
 import threading
 
 import pytest
-from kombu import Connection
+from kombu import Connection, Exchange, Queue
 
 from execgo.broker import Transport
 from execgo.celery import app
 
 
+def _options(folder) -> dict:
+    (folder / "control").mkdir(parents=True, exist_ok=True)
+    (folder / "processed").mkdir(exist_ok=True)
+    return {"data_folder_in": str(folder), "data_folder_out": str(folder), "polling_interval": 0.001,
+            "control_folder": str(folder / "control"), "processed_folder": str(folder / "processed")}
+
+
 @pytest.fixture
 def folder_connection(tmp_path):
-    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path), "polling_interval": 0.001,
-               "control_folder": str(tmp_path / "control"), "processed_folder": str(tmp_path / "processed")}
-    (tmp_path / "control").mkdir()
-    (tmp_path / "processed").mkdir()
-    with Connection("filesystem://", transport_options=options) as connection:
+    with Connection("filesystem://", transport_options=_options(tmp_path)) as connection:
         yield connection, tmp_path
+
+
+@pytest.fixture(scope="module")
+def cpu_load():
+    """Both cores kept busy, so the broker's processes are preempted mid-write."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for burner in burners:
+        burner.kill()
+        burner.wait()
 
 
 def test_filesystem_urls_use_the_atomic_transport(settings):
@@ -40,23 +58,93 @@ def test_a_message_being_written_is_not_taken(folder_connection):
     assert not list(folder.glob("*.jobs.msg"))
 
 
-def test_a_busy_producer_and_consumer_lose_nothing(folder_connection):
-    connection, _ = folder_connection
-    sent = 2000
+def _flood(connection, sent: int, name: str = "flood") -> list[int]:
+    """``sent`` messages from a producer thread that binds the queue while
+    the consumer binds it too (the exchange table does not exist yet: a new
+    name, since the transport remembers what it bound in this process)."""
 
     def produce():
         with connection.clone() as producer_connection:
-            queue = producer_connection.SimpleQueue("flood")
+            queue = producer_connection.SimpleQueue(name)
             for n in range(sent):
                 queue.put({"n": n})
 
     producer = threading.Thread(target=produce)
     producer.start()
     received = []
-    queue = connection.SimpleQueue("flood")
+    queue = connection.SimpleQueue(name)
     while len(received) < sent:
         message = queue.get(timeout=30)
         received.append(message.payload["n"])
         message.ack()
     producer.join()
-    assert sorted(received) == list(range(sent))
+    return received
+
+
+def test_a_busy_producer_and_consumer_lose_nothing(folder_connection):
+    connection, _ = folder_connection
+    assert sorted(_flood(connection, 2000, name="flood-busy")) == list(range(2000))
+
+
+@pytest.mark.parametrize("repeat", range(100))
+def test_a_first_bind_under_load_garbles_nothing(tmp_path, cpu_load, repeat):
+    """The race of the first bind: a publisher looking the binding up while
+    the table is being created read an empty file (``JSONDecodeError``), or
+    no table at all (the message dropped as undeliverable)."""
+    with Connection("filesystem://", transport_options=_options(tmp_path)) as connection:
+        assert sorted(_flood(connection, 100, name=f"first-bind-{repeat}")) == list(range(100))
+
+
+def _bind(folder, queue: str, barrier) -> None:
+    with Connection("filesystem://", transport_options=_options(folder)) as connection:
+        barrier.wait()
+        Queue(queue, Exchange("shared", "direct"), routing_key=queue)(connection.default_channel).declare()
+
+
+def test_concurrent_first_binds_keep_every_binding(tmp_path, cpu_load):
+    """Processes binding their own queues to one new exchange at once: each
+    binding is in the table afterwards (a truncating first bind lost some)."""
+    context = multiprocessing.get_context("spawn")
+    for repeat in range(10):
+        folder = tmp_path / str(repeat)
+        barrier = context.Barrier(6)
+        binders = [context.Process(target=_bind, args=(folder, f"q{n}", barrier)) for n in range(6)]
+        for binder in binders:
+            binder.start()
+        for binder in binders:
+            binder.join(timeout=60)
+            assert binder.exitcode == 0
+        with Connection("filesystem://", transport_options=_options(folder)) as connection:
+            table = connection.default_channel.get_table("shared")
+        assert sorted(binding.queue for binding in table) == [f"q{n}" for n in range(6)]
+
+
+def _consume(folder, queue: str, out) -> None:
+    with Connection("filesystem://", transport_options=_options(folder)) as connection:
+        simple = connection.SimpleQueue(queue)
+        while True:
+            try:
+                message = simple.get(timeout=1.5)
+            except simple.Empty:
+                return
+            out.put(message.payload["n"])
+            message.ack()
+
+
+def test_two_consumers_never_both_take_a_message(folder_connection, cpu_load):
+    connection, folder = folder_connection
+    queue = connection.SimpleQueue("shared-work")
+    for n in range(600):
+        queue.put({"n": n})
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    consumers = [context.Process(target=_consume, args=(folder, "shared-work", out)) for _ in range(2)]
+    for consumer in consumers:
+        consumer.start()
+    received = [out.get(timeout=60) for _ in range(600)]
+    for consumer in consumers:
+        consumer.join(timeout=60)
+        assert consumer.exitcode == 0
+    assert sorted(received) == list(range(600))
+    assert out.empty()
+    assert not list(folder.glob("*.msg")) and not list((folder / "processed").iterdir())
