@@ -28,8 +28,7 @@ sandbox:
 ## in debug mode unless DJANGO_DEBUG says otherwise (debug off needs a secret key and host names).
 run migrate: export DJANGO_DEBUG ?= true
 run: sandbox migrate
-	$(BIN)/python manage.py execgo_bootstrap
-	$(BIN)/honcho start
+	$(BIN)/python manage.py execgo_run
 
 ## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis.
 test: lint test-sqlite test-postgres

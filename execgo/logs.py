@@ -110,6 +110,30 @@ def text_formatter() -> structlog.stdlib.ProcessorFormatter:
     ])
 
 
+# --- Periodic tasks --------------------------------------------------------------
+
+class QuietPeriodicTasks(logging.Filter):
+    """Keeps the routine lines of periodic tasks off a handler unless the
+    process logs at DEBUG: beat's "Sending due task" and a worker's
+    "received" and "succeeded" of the tasks beat sends every few seconds
+    (``settings.LOGGING`` names them), which would otherwise scroll everything else
+    off a console. Their warnings and errors always pass."""
+
+    def __init__(self, tasks=()):
+        super().__init__()
+        self.tasks = frozenset(tasks)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO or logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+            return True
+        if record.name == "celery.beat":
+            args = record.args if isinstance(record.args, tuple) else ()
+            return not any(arg in self.tasks for arg in args if isinstance(arg, str))
+        if record.name in {"celery.worker.strategy", "celery.app.trace"} and isinstance(record.args, dict):
+            return record.args.get("name") not in self.tasks
+        return True
+
+
 # --- Web requests ------------------------------------------------------------------
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

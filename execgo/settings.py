@@ -461,7 +461,8 @@ EXECGO_LOG_FORMAT = env_str("EXECGO_LOG_FORMAT", "text" if DEBUG else "json")
 if EXECGO_LOG_FORMAT not in {"json", "text"}:
     raise ImproperlyConfigured(f"EXECGO_LOG_FORMAT must be json or text, got {EXECGO_LOG_FORMAT!r}")
 EXECGO_LOG_FILE = env_str("EXECGO_LOG_FILE", "")
-_log_handlers = {"console": {"class": "logging.StreamHandler", "formatter": EXECGO_LOG_FORMAT}}
+_log_handlers = {"console": {"class": "logging.StreamHandler", "formatter": EXECGO_LOG_FORMAT,
+                             "filters": ["quiet_periodic_tasks"]}}
 if EXECGO_LOG_FILE:
     _log_handlers["file"] = {"class": "logging.handlers.WatchedFileHandler", "filename": EXECGO_LOG_FILE,
                              "formatter": EXECGO_LOG_FORMAT}
@@ -469,6 +470,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"json": {"()": "execgo.logs.json_formatter"}, "text": {"()": "execgo.logs.text_formatter"}},
+    # The console (what `make run` shows) leaves out the routine lines of the
+    # periodic tasks at INFO; a log file keeps them.
+    "filters": {"quiet_periodic_tasks": {"()": "execgo.logs.QuietPeriodicTasks",
+                                         "tasks": [*(entry["task"] for entry in CELERY_BEAT_SCHEDULE.values()),
+                                                   # fanned out by heal_ledgers, one per host
+                                                   "runs.tasks.heal_host"]}},
     "handlers": _log_handlers,
     "root": {"handlers": list(_log_handlers), "level": env_str("EXECGO_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},

@@ -11,9 +11,10 @@ a duplicate is, and cannot loop on a step that kills its process: a step
 runs in its shim, outside the pool process."""
 
 import logging
+import os
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup, worker_process_init, worker_ready
+from celery.signals import celeryd_after_setup, worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
 
 from runs.dataplane import SANDBOX_QUEUE, can_sandbox, current_host, host_queue
@@ -26,6 +27,8 @@ from runs.recovery import host_recover, hosts_to_heal
 from runs.retention import purge_expired_artifacts
 from runs.sweeper import sweep_one, sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
+from runtime import forkserver
+from runtime.layout import tasks_dir
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -104,6 +107,25 @@ def _consume_host_queues(sender, instance, **kwargs):
 @worker_ready.connect
 def _recover_host(sender, **kwargs):
     host_recover()
+
+
+@worker_shutdown.connect
+def _stop_the_shim_server(**kwargs):
+    """A worker that stops takes this host's shim fork server with it (the
+    next worker to start a step starts another). Shims already forked are
+    detached from it and finish all the same."""
+    forkserver.stop_server(str(tasks_dir()))
+
+
+@worker_process_init.connect
+def _own_process_group(**kwargs):
+    """A pool process leaves its worker's process group, so a signal to the
+    group (a process manager's SIGTERM, a terminal's Ctrl-C) reaches the
+    worker alone, which then shuts its pool down itself after the tasks in
+    hand (a warm shutdown). Otherwise the pool processes die at once and
+    the worker, mid-shutdown, starts new ones in their place. A pool process
+    still dies with its worker (Celery gives it a parent-death signal)."""
+    os.setpgid(0, 0)
 
 
 @worker_process_init.connect

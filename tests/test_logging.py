@@ -130,7 +130,7 @@ def free_port() -> int:
 def procfile_web(port: int) -> list[str]:
     """The Procfile's web command, on ``port``."""
     [line] = [line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("web:")]
-    program, *args = line.removeprefix("web:").replace("${PORT:-8000}", str(port)).split()
+    program, *args = line.removeprefix("web:").removeprefix(" exec").replace("${EXECGO_PORT:-8000}", str(port)).split()
     assert program.endswith("/daphne")
     return [sys.executable, "-m", "daphne", *args]
 
@@ -236,3 +236,31 @@ def test_a_run_through_the_api_and_a_worker_logs_json_with_its_ids_and_no_secret
     assert (page["run_id"], page["tenant_id"], page["status"]) == (run_id, tenant.pk, 200)
     assert all(line.get("request_id") for line in access)
     assert not any("?" in line["path"] for line in access)
+
+
+def test_the_console_leaves_out_only_the_routine_lines_of_periodic_tasks():
+    from execgo.logs import QuietPeriodicTasks
+
+    quiet = QuietPeriodicTasks(tasks=["runs.tasks.sweep_zombie_runs"])
+
+    def record(name, level, msg, args):
+        return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+    received = "Task %(name)s[%(id)s] received"
+    assert not quiet.filter(record("celery.worker.strategy", logging.INFO, received,
+                                   ({"name": "runs.tasks.sweep_zombie_runs", "id": "1"},)))
+    assert quiet.filter(record("celery.worker.strategy", logging.INFO, received,
+                               ({"name": "runs.tasks.advance_run", "id": "2"},)))
+    assert not quiet.filter(record("celery.beat", logging.INFO, "Scheduler: Sending due task %s (%s)",
+                                   ("sweep-zombie-runs", "runs.tasks.sweep_zombie_runs")))
+    failed = record("celery.app.trace", logging.ERROR, "Task %(name)s[%(id)s] raised",
+                    ({"name": "runs.tasks.sweep_zombie_runs", "id": "3"},))
+    assert quiet.filter(failed)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        assert quiet.filter(record("celery.beat", logging.INFO, "Scheduler: Sending due task %s (%s)",
+                                   ("sweep-zombie-runs", "runs.tasks.sweep_zombie_runs")))
+    finally:
+        root.setLevel(level)

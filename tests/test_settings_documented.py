@@ -46,7 +46,7 @@ def readme_names() -> set[str]:
 def test_every_setting_is_documented():
     documented = readme_names()
     read = settings_names() | other_names()
-    assert len(read) > 50 and {"PORT", "EXECGO_ADMIN_PASSWORD"} <= read
+    assert len(read) > 50 and {"EXECGO_PORT", "EXECGO_ADMIN_PASSWORD"} <= read
     missing = sorted(name for name in read if not any(fnmatch.fnmatchcase(name, doc) for doc in documented))
     assert not missing, f"not in README.md's Configuration table: {missing}"
 
