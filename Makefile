@@ -7,7 +7,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 REDIS_BROKER ?= redis://127.0.0.1:6379/14
 REDIS_LAYER ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test test-sqlite test-postgres lint bench migrate clean sandbox
+.PHONY: run test test-deps test-sqlite test-postgres lint bench migrate clean sandbox
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,20 @@ run: sandbox migrate
 	$(BIN)/python manage.py execgo_run
 
 ## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis.
-test: lint test-sqlite test-postgres
+test: test-deps lint test-sqlite test-postgres
+
+## The programs the tests run, and the Debian package of each: installed with apt
+## where this runs as root, otherwise named, and the run stops at once.
+TEST_PROGRAMS := bwrap:bubblewrap unshare:util-linux pasta:passt chromium:chromium promtool:prometheus
+test-deps:
+	@missing=""; for pair in $(TEST_PROGRAMS); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing (apt-get)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; } >/dev/null || exit 1; \
+	  else echo "make test needs the package(s)$$missing: install them (apt-get install$$missing) and run it again"; \
+	    exit 1; fi; fi
 
 test-sqlite: $(STAMP)
 	EXECGO_DATA_DIR=$(CURDIR)/var/test-sqlite $(BIN)/pytest -q

@@ -121,7 +121,7 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
         try:
             run_transition(locked.run_id, S.EXECUTING, actor=actor, expected=S.AWAITING_HITL,
                            data={"decision": "approve", "request": locked.pk})
-            enqueue_advance(locked.run_id)
+            enqueue_advance(locked.run_id, durable=True)
         except TransitionLost:
             pass  # cancelled meanwhile: the decision stays on record
     elif locked.status == ApprovalStatus.REJECTED:

@@ -277,6 +277,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "runs.tasks.scan_run_deadlines",
         "schedule": EXECGO_DEADLINE_SCAN_INTERVAL_S,
     },
+    # Sends what the broker had not taken (runs.dispatch: a broker outage).
+    "relay-dispatches": {
+        "task": "runs.tasks.relay_dispatched_messages",
+        "schedule": env_float("EXECGO_DISPATCH_RELAY_INTERVAL_S", 1.0),
+    },
     # Gives back the reservations of pool processes that died mid-step.
     "heal-ledgers": {
         "task": "runs.tasks.heal_ledgers",
@@ -435,7 +440,11 @@ EXECGO_ZOMBIE_THRESHOLDS_S = {
     "POLICY_CHECK": env_int("EXECGO_ZOMBIE_POLICY_CHECK_S", 30),
     "TRACING": env_int("EXECGO_ZOMBIE_TRACING_S", 60),
     "TRANSIENT": env_int("EXECGO_ZOMBIE_TRANSIENT_S", 30),
+    # An EXECUTING run with no step running and nothing moving for this long is sent its queued work again.
+    "EXECUTING_IDLE": env_int("EXECGO_ZOMBIE_EXECUTING_IDLE_S", 30),
 }
+# How many times the sweeper sends a stuck run's work again before it fails the run.
+EXECGO_SWEEP_RESENDS = env_int("EXECGO_SWEEP_RESENDS", 3)
 
 
 # --- Observability ----------------------------------------------------------

@@ -5,16 +5,38 @@ it (routing by capability). Tasks are sent by name, so the kernel never
 imports its own task module (``runs.tasks`` sits on top and calls down).
 Everything here is sent only once the caller's transaction has committed:
 a worker must find the rows it is told about.
+
+Nothing sent is lost to a broker outage. Work accepted from outside (a
+submitted run, a cancel, a decision: ``durable``) writes a ``Dispatch`` row
+in the caller's transaction, deleted once the broker took the message; any
+other message the broker refuses after commit is written as such a row
+then. ``relay_dispatches`` sends the rows left (beat, and each worker's
+start). A message the broker took and then lost (a Redis restarted empty,
+a worker killed holding one) is the sweeper's to send again
+(``runs.sweeper``). Every task is safe to deliver twice.
 """
 
+import logging
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from kombu.exceptions import ChannelError, OperationalError
 
 from runs.dataplane import DEFAULT_QUEUE, SANDBOX_QUEUE, can_sandbox, host_queue
-from runs.models import Step
+from runs.models import Dispatch, Step
 from runtime.forkserver import ShimLink
+
+logger = logging.getLogger(__name__)
+# What a broker that cannot take a message raises (Redis down: kombu's
+# OperationalError; the filesystem broker: ChannelError or an OSError).
+BROKER_ERRORS = (OperationalError, ChannelError, OSError)
+# A row younger than this may still be on its way in its own commit's
+# callback: the relay leaves it to that callback.
+RELAY_AFTER = timedelta(seconds=1)
 
 ADVANCE_RUN = "runs.tasks.advance_run"
 EXECUTE_STEP = "runs.tasks.execute_step"
@@ -49,16 +71,72 @@ class Claim:
         return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
 
 
-def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None, eta=None,
-          expires: float | None = None) -> None:
+def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None,
+          eta: datetime | None = None, expires: float | None = None, durable: bool = False) -> None:
+    """Send ``task`` once the caller's transaction commits. ``durable``: its
+    ``Dispatch`` row commits with that transaction (see the module's docstring)."""
+    now = timezone.now()
+    if countdown:  # absolute, so a relayed message keeps its moment
+        eta = now + timedelta(seconds=countdown)
+    expires_at = now + timedelta(seconds=expires) if expires is not None else None
+    row = Dispatch.objects.create(task=task, args=list(args), queue=queue or "", eta=eta,
+                                  expires_at=expires_at) if durable else None
+    transaction.on_commit(lambda: _publish(task, args, queue=queue, eta=eta, expires_at=expires_at, row=row))
+
+
+def _apply(task: str, args, *, queue: str | None, eta: datetime | None, expires_at: datetime | None) -> None:
     # A signature resolves to the registered task where this process has it
     # (so CELERY_TASK_ALWAYS_EAGER runs it inline) and is sent by name otherwise.
-    transaction.on_commit(lambda: current_app.signature(task, args=args).apply_async(queue=queue, countdown=countdown,
-                                                                                      eta=eta, expires=expires))
+    # No retries here: a broker that refuses now is the relay's to retry.
+    current_app.signature(task, args=tuple(args)).apply_async(queue=queue or None, eta=eta, expires=expires_at,
+                                                              retry=False)
 
 
-def enqueue_advance(run_id: int) -> None:
-    _send(ADVANCE_RUN, (run_id,))
+def _publish(task: str, args, *, queue: str | None, eta: datetime | None, expires_at: datetime | None,
+             row: Dispatch | None) -> None:
+    try:
+        _apply(task, args, queue=queue, eta=eta, expires_at=expires_at)
+    except BROKER_ERRORS as exc:
+        error = f"{exc.__class__.__name__}: {exc}"[:200]
+        logger.warning("the broker did not take %s%s (%s); the dispatch relay sends it", task, tuple(args), error)
+        if row is None:
+            Dispatch.objects.create(task=task, args=list(args), queue=queue or "", eta=eta, expires_at=expires_at,
+                                    attempts=1, last_error=error)
+        else:
+            Dispatch.objects.filter(pk=row.pk).update(attempts=F("attempts") + 1, last_error=error)
+        return
+    if row is not None:
+        Dispatch.objects.filter(pk=row.pk).delete()
+
+
+def relay_dispatches(*, limit: int = 500) -> int:
+    """Send the messages the broker has not taken yet, oldest first; stop at
+    the first it refuses (it is still down). Returns how many were sent. A
+    message past its expiry is dropped, as the broker would have."""
+    now, sent = timezone.now(), 0
+    with transaction.atomic():
+        # skip_locked: relays running at once (beat's, a starting worker's) share the rows.
+        rows = list(Dispatch.objects.select_for_update(skip_locked=True)
+                    .filter(created_at__lt=now - RELAY_AFTER).order_by("pk")[:limit])
+        done = []
+        for row in rows:
+            if row.expires_at is None or row.expires_at > now:
+                try:
+                    _apply(row.task, row.args, queue=row.queue, eta=row.eta, expires_at=row.expires_at)
+                except BROKER_ERRORS as exc:
+                    Dispatch.objects.filter(pk=row.pk).update(attempts=F("attempts") + 1,
+                                                              last_error=f"{exc.__class__.__name__}: {exc}"[:200])
+                    break
+                sent += 1
+            done.append(row.pk)
+        Dispatch.objects.filter(pk__in=done).delete()
+    if sent:
+        logger.info("relayed %d message(s) the broker had not taken", sent)
+    return sent
+
+
+def enqueue_advance(run_id: int, *, durable: bool = False) -> None:
+    _send(ADVANCE_RUN, (run_id,), durable=durable)
 
 
 def enqueue_claims(claims: list[Claim], *, countdown: float = 0) -> None:
@@ -66,8 +144,9 @@ def enqueue_claims(claims: list[Claim], *, countdown: float = 0) -> None:
         _send(EXECUTE_STEP, (claim.step_pk, claim.attempt), queue=claim.queue, countdown=countdown or None)
 
 
-def enqueue_settle(run_id: int, *, countdown: float | None = None, expires: float | None = None) -> None:
-    _send(SETTLE_RUN, (run_id,), countdown=countdown, expires=expires)
+def enqueue_settle(run_id: int, *, countdown: float | None = None, expires: float | None = None,
+                   durable: bool = False) -> None:
+    _send(SETTLE_RUN, (run_id,), countdown=countdown, expires=expires, durable=durable)
 
 
 def enqueue_approval_expiry(request_id: int, *, eta) -> None:

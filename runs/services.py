@@ -48,7 +48,7 @@ def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str
     record_state(run, None, S.CREATED, now, event=AuditEvent.RUN_CREATED, caller="api", actor=user,
                  message="run created", data={"retry_of": retry_of.pk if retry_of else None})
     # The worker must see the committed run: sent only after commit.
-    enqueue_advance(run.pk)
+    enqueue_advance(run.pk, durable=True)
     return run
 
 
@@ -140,7 +140,7 @@ def run_cancel(*, run: Run, user: Any, caller: str = "api") -> Run:
     if current.state == S.EXECUTING:
         # The executing steps poll the flag; a run between steps (queued, or
         # waiting out a retry backoff) is settled by this task.
-        enqueue_settle(run.pk)
+        enqueue_settle(run.pk, durable=True)
     elif current.state == S.AWAITING_HITL:
         return run_cancel_awaiting_approval(run.pk) or current
     return current

@@ -1,8 +1,15 @@
-"""The zombie sweeper (SPEC §6): the fallback that closes runs nobody drives.
+"""The zombie sweeper (SPEC §6): the fallback for runs nobody drives.
 
-Every run whose time in its current state exceeds the threshold for that
-state is forced along a legal path to a final state, through the same
-transition service (and optimistic lock) as everyone else.
+A run that waits on a worker (CREATED, PREPARING, PLANNING, POLICY_CHECK,
+TRACING and the transient states) past its state's threshold most likely
+had its message lost: a broker restarted empty, a worker killed holding
+it. Its work is sent again, up to ``EXECGO_SWEEP_RESENDS`` times, each
+after another threshold of no progress (every task is safe to deliver
+twice); an EXECUTING run with no step running is sent its queued steps
+again the same way. A run still stuck once its re-sends are spent, and an
+EXECUTING or AWAITING_HITL run past its own timeout, is forced along a
+legal path to a final state, through the same transition service (and
+optimistic lock) as everyone else; the error says which of the two it was.
 """
 
 import logging
@@ -10,16 +17,17 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import DurationField, Func, Q, QuerySet, Value
+from django.db.models import DurationField, Exists, F, Func, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from runs.audit import audit
 from runs.closing import fence_unfinished_steps, run_close
-from runs.dispatch import enqueue_sweeps
+from runs.dataplane import queue_for
+from runs.dispatch import Claim, enqueue_advance, enqueue_claims, enqueue_sweeps
 from runs.errors import ErrorCode, error_envelope
-from runs.models import AuditEvent, Run, TraceKind
+from runs.models import AuditEvent, Run, Step, StepRunStatus, TraceKind
 from runs.statemachine import FINAL, TRANSIENT, ZOMBIE_SWEEPER, RunState
 from runs.transitions import InvalidTransitionError, TraceRecord, TransitionLost, lock_run, run_transition
 
@@ -49,11 +57,21 @@ def threshold_for(run: Run) -> timedelta:
     return timedelta(seconds=settings.EXECGO_ZOMBIE_THRESHOLDS_S[run.state])
 
 
+# The states whose work a worker does unasked: a run stuck there is sent it again first.
+RESENDABLE = frozenset({S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK, S.TRACING, *TRANSIENT})
+
+
 def _stuck_since(run: Run):
     # EXECUTING is bounded by the run's total time, not by its last change.
     if run.state == S.EXECUTING and run.executing_started_at is not None:
         return run.executing_started_at
+    if run.state in RESENDABLE and run.resent_at is not None:
+        return max(run.last_state_change_at, run.resent_at)  # each re-send gets a threshold of its own
     return run.last_state_change_at
+
+
+def _resends_left(run: Run) -> bool:
+    return run.state in RESENDABLE and run.resends < settings.EXECGO_SWEEP_RESENDS
 
 
 class Seconds(Func):
@@ -97,7 +115,12 @@ def sweep_zombies(now=None, *, inline_max: int | None = None) -> list[int]:
     many seconds, where the workers close them side by side), and the ids
     handed over are returned. None: close them all here."""
     now = now or timezone.now()
+    resend_stalled_executions(now)
     stuck = [run for run in stuck_candidates(now) if now - _stuck_since(run) > threshold_for(run)]
+    resent = [run for run in stuck if _resends_left(run)]
+    for run in resent:
+        resend_run_work(run, age=now - _stuck_since(run))
+    stuck = [run for run in stuck if not _resends_left(run)]
     if inline_max is not None and len(stuck) > inline_max:
         with transaction.atomic():
             enqueue_sweeps([run.pk for run in stuck])
@@ -112,7 +135,51 @@ def sweep_one(run_id: int) -> bool:
     run = stuck_candidates(now).filter(pk=run_id).first()
     if run is None or now - _stuck_since(run) <= threshold_for(run):
         return False
+    if _resends_left(run):
+        return resend_run_work(run, age=now - _stuck_since(run))
     return sweep_run(run, age=now - _stuck_since(run))
+
+
+def resend_run_work(run: Run, *, age: timedelta) -> bool:
+    """Send a stuck run's work again (its driving task; ``steps``: the
+    attempts of an EXECUTING run that were queued and never taken).
+    Counted on the run, under a compare-and-set on that count, so two
+    sweepers send it once. False when another writer got there first."""
+    now = timezone.now()
+    with transaction.atomic():
+        taken = Run.objects.filter(pk=run.pk, state=run.state, resends=run.resends).update(
+            resends=F("resends") + 1, resent_at=now)
+        if not taken:
+            return False
+        queued = []
+        if run.state == S.EXECUTING:
+            queued = list(Step.objects.filter(run_id=run.pk, run_status=StepRunStatus.ACCEPTED)
+                          .only("pk", "step_id", "attempt", "tool", "requested_plan"))
+            enqueue_claims([Claim(step.pk, step.attempt, queue_for(step)) for step in queued])
+        enqueue_advance(run.pk, durable=True)
+        audit(AuditEvent.WORK_RESENT, run_id=run.pk, tenant_id=run.tenant_id, caller="zombie sweeper",
+              forced_by=ZOMBIE_SWEEPER, from_state=run.state,
+              data={"resends": run.resends + 1, "of": settings.EXECGO_SWEEP_RESENDS,
+                    "age_s": round(age.total_seconds(), 3), "steps": [step.step_id for step in queued]})
+    logger.info("run %s stuck in %s for %ss: its work sent again (%d of %d)", run.pk, run.state,
+                int(age.total_seconds()), run.resends + 1, settings.EXECGO_SWEEP_RESENDS)
+    return True
+
+
+def resend_stalled_executions(now) -> list[int]:
+    """EXECUTING runs with no step running and none of their work moving
+    for ``EXECGO_ZOMBIE_THRESHOLDS_S["EXECUTING_IDLE"]``: the messages of
+    their queued steps (or the one that dispatches them) were most likely
+    lost. Each is sent again, within the run's re-sends; its deadline stays
+    the bound (the deadline scan and the sweeper's EXECUTING row)."""
+    quiet = now - timedelta(seconds=settings.EXECGO_ZOMBIE_THRESHOLDS_S["EXECUTING_IDLE"])
+    running = Step.objects.filter(run_id=OuterRef("pk"), run_status=StepRunStatus.RUNNING)
+    stalled = (Run.objects.filter(state=S.EXECUTING, resends__lt=settings.EXECGO_SWEEP_RESENDS)
+               .alias(since=Coalesce("executing_started_at", "last_state_change_at"))
+               .filter(since__lt=quiet, since__gt=Value(now) - Seconds("timeout_s"))  # not yet past its deadline
+               .filter(Q(resent_at__isnull=True) | Q(resent_at__lt=quiet))
+               .exclude(Exists(running)).defer(*Run.BULKY_FIELDS).order_by("pk"))
+    return [run.pk for run in stalled if resend_run_work(run, age=now - (run.resent_at or _stuck_since(run)))]
 
 
 def sweep_run(run: Run, *, age: timedelta) -> bool:
@@ -124,8 +191,13 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
         if stuck_in not in TRANSIENT:
             target = FORCED_EDGE[stuck_in]
             code = ErrorCode.TIMEOUT if target == S.TIMEOUT else ErrorCode.INTERNAL
-            error = error_envelope(code, f"run stuck in {stuck_in} for {int(age.total_seconds())}s",
-                                   source="scheduler", details={"layer": "sweeper", "stuck_in": stuck_in})
+            why = (f"its work sent again {run.resends} times with no progress" if stuck_in in RESENDABLE else
+                   "past its timeout")
+            error = error_envelope(code, f"run stuck in {stuck_in} for {int(age.total_seconds())}s: {why}",
+                                   source="scheduler", details={"layer": "sweeper", "stuck_in": stuck_in,
+                                                                "resends": run.resends,
+                                                                "bound": "resends" if stuck_in in RESENDABLE
+                                                                else "timeout"})
             # An approval that expired is a decision by default (reject), traced as such.
             kind, data = TraceKind.RUN, {"layer": "sweeper", "stuck_in": stuck_in}
             if stuck_in == S.AWAITING_HITL:

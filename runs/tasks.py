@@ -19,7 +19,7 @@ from django.conf import settings
 
 from runs.dataplane import SANDBOX_QUEUE, can_sandbox, current_host, host_queue
 from runs.deadlines import scan_deadlines
-from runs.dispatch import enqueue_heal
+from runs.dispatch import enqueue_heal, relay_dispatches
 from runs.execution import execute_claims, run_settle, step_execute, step_reattach
 from runs.healing import ledger_heal
 from runs.pipeline import run_advance
@@ -54,6 +54,11 @@ def sweep_zombie_runs() -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def sweep_stuck_run(run_id: int) -> None:
     sweep_one(run_id)
+
+
+@shared_task(ignore_result=True)
+def relay_dispatched_messages() -> None:
+    relay_dispatches()
 
 
 @shared_task(ignore_result=True)
@@ -107,6 +112,7 @@ def _consume_host_queues(sender, instance, **kwargs):
 @worker_ready.connect
 def _recover_host(sender, **kwargs):
     host_recover()
+    relay_dispatches()
 
 
 @worker_shutdown.connect

@@ -40,6 +40,10 @@ _CODE_FOR_API_EXCEPTION = {  # the status is the exception's own
 }
 
 
+# What a 503 (a store momentarily unreachable) asks a client to wait.
+RETRY_AFTER_S = 2
+
+
 def error_response(envelope: dict, http_status: int) -> Response:
     return Response({"error": envelope}, status=http_status)
 
@@ -85,7 +89,10 @@ def _envelope_for(exc) -> tuple[dict, int] | None:
 def exception_handler(exc, context):
     known = _envelope_for(exc)
     if known is not None:
-        return error_response(*known)
+        response = error_response(*known)
+        if known[1] == status.HTTP_503_SERVICE_UNAVAILABLE and known[0].get("retryable"):
+            response["Retry-After"] = str(RETRY_AFTER_S)  # a store that is back within seconds, as a rule
+        return response
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

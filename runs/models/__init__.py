@@ -8,6 +8,7 @@ from runs.models.records import (
     AuditChainHead,
     AuditEvent,
     AuditLog,
+    Dispatch,
     Event,
     EventType,
     MemoryEntry,
@@ -19,7 +20,7 @@ from runs.models.webhooks import WebhookDelivery, WebhookStatus
 
 __all__ = [
     "CALLBACK_EVENTS",
-    "FINAL_AUDIT_EVENT", "AuditChainHead", "AuditEvent", "AuditLog", "Event", "EventType", "Job", "JobStatus", "Membership",
+    "FINAL_AUDIT_EVENT", "AuditChainHead", "AuditEvent", "AuditLog", "Dispatch", "Event", "EventType", "Job", "JobStatus", "Membership",
     "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
     "Tenant", "Trace", "TraceKind", "WebhookDelivery", "WebhookStatus",
 ]

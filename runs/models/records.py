@@ -84,6 +84,7 @@ class AuditEvent(models.TextChoices):
     HITL_TIMEOUT = "hitl_timeout"  # an approval request expired with no decision
     RESERVATION_RECLAIMED = "reservation_reclaimed"  # its worker process died holding it
     DEADLINE_ENFORCED = "deadline_enforced"  # the deadline scan closed a run its timer did not
+    WORK_RESENT = "work_resent"  # the sweeper sent a stuck run's work again (its messages were lost)
 
 
 # The one audit event of a run's final transition (SPEC §2.2: reconciliation).
@@ -198,3 +199,30 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.pk}"
+
+
+class Dispatch(models.Model):
+    """A task message the broker has not taken yet (``runs.dispatch``).
+
+    Written in the transaction whose work it sends, for work accepted from
+    outside (a submitted run, a cancel, a decision), or right after a
+    commit whose message the broker refused; deleted once the broker took
+    it. The relay (``relay_dispatches``, from beat and at each worker's
+    start) sends what is left, so a broker outage delays that work and
+    loses none of it."""
+
+    task = models.CharField(max_length=200)
+    args = models.JSONField(default=list)
+    queue = models.CharField(max_length=200, blank=True)
+    eta = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["pk"]
+        indexes = [models.Index(fields=["created_at"], name="dispatch_created")]
+
+    def __str__(self) -> str:
+        return f"Dispatch {self.pk} ({self.task}{tuple(self.args)})"

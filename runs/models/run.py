@@ -120,6 +120,11 @@ class Run(ConcurrentTransitionMixin, models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # When the retention GC removed the run's workspaces and logs (rows stay).
     artifacts_purged_at = models.DateTimeField(null=True, blank=True)
+    # How often, and last when, the sweeper sent the run's work again (a
+    # broker that lost its messages, runs.sweeper): it fails a run with no
+    # progress only once these run out.
+    resends = models.PositiveSmallIntegerField(default=0)
+    resent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]

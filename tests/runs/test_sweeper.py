@@ -9,10 +9,10 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from runs.models import AuditLog, Job, Run, Trace
+from runs.models import AuditLog, Dispatch, Job, Run, Step, Trace
 from runs.reconcile import find_violations
 from runs.statemachine import ZOMBIE_SWEEPER
-from runs.sweeper import sweep_run, sweep_zombies
+from runs.sweeper import RESENDABLE, sweep_run, sweep_zombies
 from runs.transitions import run_transition
 
 transactional = pytest.mark.django_db(transaction=True)
@@ -81,13 +81,17 @@ def threshold_s(state: str) -> int:
     return thresholds.get(state, thresholds["TRANSIENT"])
 
 
-def place(make_run, row: Row, *, age_s: float) -> Run:
-    """A run that has sat in ``row.state`` for ``age_s`` seconds."""
+def place(make_run, row: Row, *, age_s: float, resends: int | None = None) -> Run:
+    """A run that has sat in ``row.state`` for ``age_s`` seconds; where the
+    sweeper first sends a run's work again, it has done so ``resends``
+    times (default: as often as it does, so this sweep forces it)."""
     since = timezone.now() - timedelta(seconds=age_s)
+    if resends is None:
+        resends = django_settings.EXECGO_SWEEP_RESENDS if row.state in RESENDABLE | {"EXECUTING"} else 0
     run = make_run(
         row.state, previous_state=row.previous_state, closing_cause=row.closing_cause,
         last_state_change_at=since, executing_started_at=since if row.state == "EXECUTING" else None,
-        approval_timeout_s=APPROVAL_TIMEOUT_S, timeout_s=RUN_TIMEOUT_S,
+        approval_timeout_s=APPROVAL_TIMEOUT_S, timeout_s=RUN_TIMEOUT_S, resends=resends,
     )
     Job.objects.filter(pk=run.job_id).update(status=JOB_STATUS[row.state])
     return run
@@ -228,5 +232,62 @@ def test_sweeper_gives_up_when_another_writer_moved_the_run(make_run):
 def test_default_thresholds_are_the_spec_s():
     assert django_settings.EXECGO_ZOMBIE_THRESHOLDS_S == {
         "CREATED": 30, "PREPARING": 60, "PLANNING": 180, "POLICY_CHECK": 30, "TRACING": 60, "TRANSIENT": 30,
+        "EXECUTING_IDLE": 30,
     }
+    assert django_settings.EXECGO_SWEEP_RESENDS == 3
     assert django_settings.EXECGO_RUN_TIMEOUT_S == 600
+
+
+def advance_rows(run: Run) -> int:
+    return sum(row.args == [run.pk] for row in Dispatch.objects.filter(task="runs.tasks.advance_run"))
+
+
+@pytest.mark.django_db  # one transaction: its commit callbacks are captured, never run
+def test_a_stuck_run_is_sent_its_work_again_then_failed_once_its_resends_are_spent(
+        make_run, settings, django_capture_on_commit_callbacks):
+    """A run whose message was lost is driven again, never failed for it,
+    until its re-sends are spent; its failure then says so."""
+    settings.EXECGO_SWEEP_RESENDS = 2
+    row = SPEC_ROWS[0]
+    run = place(make_run, row, age_s=threshold_s(row.state) + 5, resends=0)
+    for sent in (1, 2):
+        with django_capture_on_commit_callbacks(execute=False):  # the broker never takes it
+            assert sweep_zombies() == []
+        fresh = Run.objects.get(pk=run.pk)
+        assert (fresh.state, fresh.resends) == (row.state, sent)
+        assert advance_rows(run) == sent  # committed with the re-send, for the relay
+        assert sweep_zombies() == []  # a re-send gets a threshold of its own
+        assert Run.objects.get(pk=run.pk).resends == sent
+        Run.objects.filter(pk=run.pk).update(resent_at=timezone.now() - timedelta(seconds=threshold_s(row.state) + 5))
+
+    assert sweep_zombies() == [run.pk]
+    assert Run.objects.get(pk=run.pk).state == "CLOSED_FAILED"
+    resent = AuditLog.objects.filter(run_id=run.pk, event="work_resent").order_by("id")
+    assert [(entry.data["resends"], entry.from_state, entry.forced_by) for entry in resent] == [
+        (1, row.state, ZOMBIE_SWEEPER), (2, row.state, ZOMBIE_SWEEPER)]
+    key_trace = Trace.objects.get(run=run, kind="run", from_state=row.state, to_state="FAILED")
+    assert "sent again 2 times" in key_trace.error["message"]
+    assert (key_trace.error["details"]["bound"], key_trace.error["details"]["resends"]) == ("resends", 2)
+    assert find_violations() == []
+
+
+@pytest.mark.django_db
+def test_an_executing_run_whose_queued_steps_went_nowhere_is_sent_them_again(
+        make_run, settings, django_capture_on_commit_callbacks):
+    idle = settings.EXECGO_ZOMBIE_THRESHOLDS_S["EXECUTING_IDLE"]
+    row = Row("EXECUTING", ("TIMEOUT", "TRACING", "CLOSED_FAILED"), previous_state="POLICY_CHECK")
+    lost = place(make_run, row, age_s=idle + 5, resends=0)
+    busy = place(make_run, row, age_s=idle + 5, resends=0)
+    young = place(make_run, row, age_s=idle - 10, resends=0)
+    for run, status in ((lost, "accepted"), (busy, "running"), (young, "accepted")):
+        Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]},
+                            timeout_s=10, run_status=status, attempt=1)
+
+    with django_capture_on_commit_callbacks(execute=False) as sent:
+        assert sweep_zombies() == []
+    assert len(sent) == 2  # the queued attempt again, and the run's own driver
+    assert [Run.objects.get(pk=run.pk).resends for run in (lost, busy, young)] == [1, 0, 0]
+    assert advance_rows(lost) == 1
+    [resent] = AuditLog.objects.filter(event="work_resent")
+    assert (resent.run_id, resent.from_state, resent.data["steps"]) == (lost.pk, "EXECUTING", ["a"])
+    assert set(Run.objects.values_list("state", flat=True)) == {"EXECUTING"}
