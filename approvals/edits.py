@@ -10,7 +10,7 @@ and binds to the edited plan's digest.
 
 import copy
 
-from approvals.models import ApprovalRequest, action_digest, normalised_action
+from approvals.models import ApprovalRequest, action_digest, normalised_action, shown_action
 from runs.errors import ErrorCode, ExecGoError
 from runs.models import Run, Step
 from runs.plan_schema import validate_plan
@@ -81,7 +81,8 @@ def apply_edit(request: ApprovalRequest, run: Run, original: list[Step], edited:
     ]} if run.planner == "static" else run.plan)
     rated = {row["id"]: row for row in decision.data["steps"]}
     request.original_steps = request.original_steps or request.steps
-    request.steps = [{"action": normalised_action(step), "risk": rated.get(step.step_id, {}).get("risk", "low"),
+    request.steps = [{"action": normalised_action(step), "shown": shown_action(step),
+                      "risk": rated.get(step.step_id, {}).get("risk", "low"),
                       "reasons": rated.get(step.step_id, {}).get("reasons", []),
                       "edited": step in changed} for step in edited]
     request.action_digest = action_digest(edited, decision.data["policy_version"])

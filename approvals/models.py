@@ -16,6 +16,8 @@ request.
 
 import hashlib
 import json
+import re
+import unicodedata
 from datetime import timedelta
 
 from django.conf import settings
@@ -38,6 +40,10 @@ class ApprovalStatus(models.TextChoices):
     VOIDED = "voided"
 
 
+# Header names whose values an approver sees as a length only.
+SECRET_HEADER = re.compile(r"(?i)authorization|cookie|token|secret|passw|api[-_]?key|session|signature|credential")
+
+
 def _digest_of(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
                           .encode()).hexdigest()
@@ -56,8 +62,11 @@ def normalised_action(step: Step) -> dict:
         if "stdin" in params:
             action["stdin_sha256"] = hashlib.sha256(str(params["stdin"]).encode()).hexdigest()
     elif step.tool == "http":
+        # A secret-looking header's value is bound by its digest: the request is read by every approver.
         action.update({"method": str(params.get("method", "GET")).upper(), "url": params.get("url"),
-                       "headers": params.get("headers") or {}})
+                       "headers": {name: "sha256:" + hashlib.sha256(str(value).encode()).hexdigest()
+                                   if SECRET_HEADER.search(str(name)) else value
+                                   for name, value in (params.get("headers") or {}).items()}})
         if "body" in params:
             action["body_sha256"] = _digest_of(params["body"])
     else:
@@ -65,6 +74,65 @@ def normalised_action(step: Step) -> dict:
         if "content" in params:
             action["content_sha256"] = hashlib.sha256(str(params["content"]).encode()).hexdigest()
     return action
+
+
+# Characters that change how text looks without being seen: escaped wherever
+# an approver reads a step (the C0/C1 controls but tab and newline, the
+# bidirectional controls, zero-width characters, the BOM).
+INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def visible_text(value) -> str:
+    """``value`` as text with every invisible character written as its
+    escape (``\x1b``, ``\u202e``), so what an approver reads is what the
+    bytes say."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return INVISIBLE.sub(lambda match: (f"\\x{ord(match[0]):02x}" if ord(match[0]) < 0x100
+                                        else f"\\u{ord(match[0]):04x}"), text)
+
+
+def _shown_text(value) -> dict:
+    """A text an approver must read in full: its visible form, its size, and
+    whether it is over ``EXECGO_APPROVAL_SHOW_MAX_BYTES`` (then only its head
+    is shown, and ``runs.policy`` rates the step at least high: "too large to
+    review")."""
+    raw = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2)
+    size = len(raw.encode())
+    cap = settings.EXECGO_APPROVAL_SHOW_MAX_BYTES
+    shown = raw if size <= cap else raw.encode()[:cap].decode(errors="ignore")
+    return {"text": visible_text(shown), "bytes": size, "lines": raw.count("\n") + 1, "too_large": size > cap,
+            "escaped": bool(INVISIBLE.search(raw)) or any(unicodedata.category(char) == "Cf" for char in raw)}
+
+
+def shown_action(step: Step) -> dict:
+    """Every byte of ``step`` that can change what runs, as an approver reads
+    it: argv as a list, the texts in full (``_shown_text``), secret-looking
+    header values as their length only, the sandbox and the limits."""
+    params = step.params if isinstance(step.params, dict) else {}
+    shown: dict = {"sandbox": step.requested_plan or {}, "timeout_s": step.timeout_s, "retries": step.retries}
+    if step.tool == "shell":
+        if isinstance(params.get("argv"), list):
+            shown["argv"] = [visible_text(str(arg)) for arg in params["argv"]]
+        for key in ("script", "stdin"):
+            if key in params:
+                shown[key] = _shown_text(params[key])
+        shown["cwd"] = visible_text(params["cwd"]) if "cwd" in params else None
+        shown["env"] = {visible_text(str(name)): visible_text(str(value))
+                        for name, value in sorted((params.get("env") or {}).items())}
+    elif step.tool == "http":
+        shown["method"] = visible_text(str(params.get("method", "GET")).upper())
+        shown["url"] = visible_text(str(params.get("url", "")))
+        shown["headers"] = [
+            {"name": visible_text(str(name)), "length": len(str(value)), "masked": True}
+            if SECRET_HEADER.search(str(name)) else {"name": visible_text(str(name)), "value": visible_text(str(value))}
+            for name, value in sorted((params.get("headers") or {}).items())]
+        if "body" in params:
+            shown["body"] = _shown_text(params["body"])
+    else:
+        shown.update({key: visible_text(str(params[key])) for key in ("op", "path") if key in params})
+        if "content" in params:
+            shown["content"] = _shown_text(params["content"])
+    return shown
 
 
 def action_digest(steps: list[Step], policy_version: int) -> str:
@@ -162,7 +230,8 @@ class ApprovalRequest(models.Model):
             run=run, tenant_id=run.tenant_id, risk=decision["risk"], policy_version=decision["policy_version"],
             action_digest=action_digest(steps, decision["policy_version"]), approvals_required=required,
             expires_at=now + timedelta(seconds=run.approval_timeout_s),
-            steps=[{"action": normalised_action(step), "risk": rated.get(step.step_id, {}).get("risk", "low"),
+            steps=[{"action": normalised_action(step), "shown": shown_action(step),
+                    "risk": rated.get(step.step_id, {}).get("risk", "low"),
                     "reasons": rated.get(step.step_id, {}).get("reasons", [])} for step in steps],
         )
 

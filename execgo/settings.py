@@ -313,6 +313,9 @@ EXECGO_RELAY_GAP_WAIT_S = env_float("EXECGO_RELAY_GAP_WAIT_S", 2.0)
 
 EXECGO_RUN_TIMEOUT_S = env_int("EXECGO_RUN_TIMEOUT_S", 600)
 EXECGO_APPROVAL_TIMEOUT_S = env_int("EXECGO_APPROVAL_TIMEOUT_S", 24 * 3600)
+# The longest text (a script, stdin, a body, a file's content) an approval shows whole; a longer one
+# makes its step at least high ("too large to review").
+EXECGO_APPROVAL_SHOW_MAX_BYTES = env_int("EXECGO_APPROVAL_SHOW_MAX_BYTES", 64 * 1024)
 EXECGO_STEP_TIMEOUT_S = env_float("EXECGO_STEP_TIMEOUT_S", 60.0)
 EXECGO_MAX_PLAN_STEPS = env_int("EXECGO_MAX_PLAN_STEPS", 200)
 EXECGO_OUTPUT_TAIL_BYTES = env_int("EXECGO_OUTPUT_TAIL_BYTES", 64 * 1024)

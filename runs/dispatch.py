@@ -114,10 +114,12 @@ def relay_dispatches(*, limit: int = 500) -> int:
     the first it refuses (it is still down). Returns how many were sent. A
     message past its expiry is dropped, as the broker would have."""
     now, sent = timezone.now(), 0
+    waiting = Dispatch.objects.filter(created_at__lt=now - RELAY_AFTER)
+    if not waiting.exists():  # the rule: no write transaction (on SQLite, a lock) for nothing
+        return 0
     with transaction.atomic():
         # skip_locked: relays running at once (beat's, a starting worker's) share the rows.
-        rows = list(Dispatch.objects.select_for_update(skip_locked=True)
-                    .filter(created_at__lt=now - RELAY_AFTER).order_by("pk")[:limit])
+        rows = list(waiting.select_for_update(skip_locked=True).order_by("pk")[:limit])
         done = []
         for row in rows:
             if row.expires_at is None or row.expires_at > now:

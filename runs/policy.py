@@ -56,6 +56,7 @@ Budgets (settings, with defaults):
   run is rejected instead.
 """
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -73,7 +74,7 @@ from runs.dataplane import resolve_step_plan, routed_plan
 from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
 from runs.plan_schema import KNOWN_TOOLS, validate_plan
-from runs.shell_words import ParsedShell, parse_argv, parse_script
+from runs.shell_words import INLINE_OPTIONS, SHELLS, ParsedShell, parse_argv, parse_script
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError
 
@@ -220,15 +221,37 @@ def step_field(step: Step, field: str) -> str | None:
 
 def parse_shell_step(step: Step) -> ParsedShell | None:
     """The parsed command of a shell step (None for other tools, or a shell
-    step with neither argv nor script)."""
+    step with neither argv nor script), its stdin included."""
     params = step.params if isinstance(step.params, dict) else {}
     if step.tool != "shell":
         return None
+    stdin = _text(params["stdin"]) if "stdin" in params else None
     if isinstance(params.get("argv"), list):
-        return parse_argv([_text(arg) for arg in params["argv"]])
+        return parse_argv([_text(arg) for arg in params["argv"]], stdin=stdin)
     if "script" in params:
-        return parse_script(_text(params["script"]))
+        return parse_script(_text(params["script"]), stdin=stdin)
     return None
+
+
+def stdin_counterpart(step: Step, parsed: ParsedShell | None) -> Step | None:
+    """A shell step whose stdin is a program, as that program given the way
+    the policy reads best: a shell's as the step's ``script``, an
+    interpreter's as inline code (``python3 -c …``). The step is rated as
+    itself and as this, whichever is higher, so feeding a program on stdin
+    never rates lower than writing it out."""
+    if parsed is None or not parsed.stdin_program or parsed.stdin is None:
+        return None
+    params = {key: value for key, value in step.params.items() if key in ("cwd", "env")}
+    program = parsed.stdin_program
+    if program.lower() in SHELLS:
+        params["script"] = parsed.stdin
+    else:
+        family = re.sub(r"[0-9.]+$", "", program.lower())
+        option = sorted(INLINE_OPTIONS.get(family) or {"-c"})[0]
+        params["argv"] = [program, option, parsed.stdin]
+    return Step(run_id=step.run_id, step_id=step.step_id, position=step.position, tool=step.tool, params=params,
+                depends_on=step.depends_on, timeout_s=step.timeout_s, retries=step.retries,
+                requested_plan=step.requested_plan)
 
 
 def _rule_matches(rule: PolicyRule, pattern: re.Pattern, step: Step, parsed: ParsedShell | None) -> bool:
@@ -408,8 +431,37 @@ def _step_cpu_bound(step: Step, run: Run) -> float:
 RATED_FIELDS = ("command", "url", "path")
 
 
+# The texts of a step an approver must read whole (approvals.models.shown_action shows them).
+REVIEWED_TEXTS = {"shell": ("script", "stdin"), "http": ("body",), "file": ("content",)}
+
+
+def _too_large_to_review(step: Step) -> list[str]:
+    """A reason for each text of ``step`` longer than an approval shows
+    (``EXECGO_APPROVAL_SHOW_MAX_BYTES``): nobody could approve it having read
+    it, so it is rated at least high."""
+    params = step.params if isinstance(step.params, dict) else {}
+    cap, reasons = settings.EXECGO_APPROVAL_SHOW_MAX_BYTES, []
+    for key in REVIEWED_TEXTS.get(step.tool, ()):
+        if key in params:
+            value = params[key]
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True,
+                                                                    indent=2)
+            if len(text.encode()) > cap:
+                reasons.append(f"too large to review: its {key} is {len(text.encode())} bytes, over the "
+                               f"{cap} an approval shows")
+    return reasons
+
+
 def _longest_text(step: Step) -> int:
-    return max((len(step_field(step, field) or "") for field in RATED_FIELDS), default=0)
+    """The longest text the policy reads of ``step``: a stdin that is a
+    program counts as the script it is."""
+    longest = max((len(step_field(step, field) or "") for field in RATED_FIELDS), default=0)
+    params = step.params if isinstance(step.params, dict) else {}
+    if step.tool == "shell" and "stdin" in params and len(_text(params["stdin"])) > longest:
+        parsed = parse_shell_step(step)
+        if parsed is not None and parsed.stdin_program:
+            longest = len(parsed.stdin)
+    return longest
 
 
 def _budget_usage(run: Run, steps: list[Step]) -> dict[str, float]:
@@ -470,20 +522,27 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
                               "reasons": [f"not rated: longer than max_command_chars ({max_chars})"]})
             continue
         host = _allow_listed_host(step, allowed)
+        unreviewable = _too_large_to_review(step)
         parsed = parse_shell_step(step)
+        counterpart = stdin_counterpart(step, parsed)
+        read_as = [(step, parsed)]
+        if counterpart is not None:
+            read_as.append((counterpart, parse_shell_step(counterpart)))
         reasons, risks, extra = [], [], {}
         if step.tool == "shell":
             baseline = step_baseline(step)
             risks.append(baseline["risk"])
             reasons.extend(baseline_reasons(baseline))
-            signals = [{"signal": kind, "risk": str(RiskLevel.MEDIUM), "detail": detail}
-                       for kind, detail in (parsed.signals if parsed else [])]
+            seen = list(dict.fromkeys(signal for _, one in read_as if one for signal in one.signals))
+            signals = [{"signal": kind, "risk": str(RiskLevel.MEDIUM), "detail": detail} for kind, detail in seen]
             risks.extend(signal["risk"] for signal in signals)
             reasons.extend(f"{signal['signal']}: {signal['detail']}" for signal in signals)
             extra = {"baseline": baseline,
                      "parsed": {"commands": parsed.texts() if parsed else [], "signals": signals}}
+            if counterpart is not None:
+                extra["parsed"]["stdin_program"] = parsed.stdin_program
         for rank, (rule, pattern) in enumerate(compiled):
-            if not _rule_matches(rule, pattern, step, parsed):
+            if not any(_rule_matches(rule, pattern, one, one_parsed) for one, one_parsed in read_as):
                 continue
             if host is not None and _waived(rule):
                 reasons.append(f"{rule.name} waived: host {host} is in EXECGO_HTTP_ALLOWED_HOSTS")
@@ -491,6 +550,9 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
             matches.append(_Match(rule, rank, step))
             reasons.append(f"{rule.name}: {rule.reason}")
             risks.append(rule.outcome)
+        if unreviewable:
+            risks.append(RiskLevel.HIGH)
+            reasons.extend(unreviewable)
         step_rows.append({"id": step.step_id, "tool": step.tool, "risk": _max_risk(risks),
                           "reasons": reasons or [NO_RULE_MATCHED], **extra})
 

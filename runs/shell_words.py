@@ -16,6 +16,11 @@ subshell, loop, function or command substitution is reported separately:
   the wrapper and what it runs are both reported;
 - redirections stay with their command (``cat x > /dev/sda``).
 
+A step's own stdin (``stdin``) goes to whatever reads it: when that is a
+shell or an interpreter reading its program from it (``sh``, ``bash -s``,
+``python3 -``, ``perl``, ``xargs sh`` …), the text is the program, parsed
+here as a script would be, and ``stdin_program`` names who runs it.
+
 ``signals`` says what the words cannot show: a command word that is a
 variable or a substitution, a command word spelt with quotes or globs,
 ``eval``/``exec``/``source``, a shell or an interpreter reading its program
@@ -120,6 +125,10 @@ class ParsedShell:
     signals: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail)
     # files the command writes (>, tee, cp …) -> their text when it is known
     written: dict[str, str | None] = field(default_factory=dict)
+    # the step's own stdin, and the program (shell or interpreter) that reads
+    # its program from it, if one does
+    stdin: str | None = None
+    stdin_program: str = ""
 
     def texts(self) -> list[str]:
         """What a rule on the ``words`` field searches: each simple command,
@@ -146,16 +155,16 @@ class _Context:
     stdin_text: str | None = None  # what the previous command of a pipeline prints, when it is plain text
 
 
-def parse_script(script: str) -> ParsedShell:
-    parsed = ParsedShell()
+def parse_script(script: str, *, stdin: str | None = None) -> ParsedShell:
+    parsed = ParsedShell(stdin=stdin)
     _script(script, _Context(parsed))
     return parsed
 
 
-def parse_argv(argv: list[str]) -> ParsedShell:
+def parse_argv(argv: list[str], *, stdin: str | None = None) -> ParsedShell:
     """An argv step: executed without a shell, so only wrappers and
     ``sh -c`` scripts are resolved."""
-    parsed = ParsedShell()
+    parsed = ParsedShell(stdin=stdin)
     words = [_Word(str(arg), str(arg)) for arg in argv]
     if words:
         _command(words, [], _Context(parsed), piped=False, from_script=False)
@@ -200,7 +209,8 @@ def _node(node, script: str, ctx: _Context, *, piped: bool = False) -> list[str]
         names: list[str] = []
         parts = [part for part in node.parts if part.kind != "pipe"]
         for index, part in enumerate(parts):
-            ctx.stdin_text = _stdin_text(ctx.parsed.commands[-1]) if index and ctx.parsed.commands else None
+            ctx.stdin_text = (_stdin_text(ctx.parsed.commands[-1], ctx.parsed.stdin)
+                              if index and ctx.parsed.commands else None)
             ran = _node(part, script, ctx, piped=piped or index > 0)
             ctx.stdin_text = None
             names.append(ran[-1] if ran else "?")
@@ -444,6 +454,8 @@ def _shell(name: str, args: list[_Word], redirects: list[tuple[str, str]], ctx: 
         if value in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
             skip = True
             continue
+        if value.startswith("-") and not value.startswith("--") and "s" in value[1:] and "c" not in value[1:]:
+            break  # -s: the program is read from stdin, the words after it are its arguments
         if value.startswith("-") and len(value) > 1 and not value.startswith("--") and "c" in value[1:]:
             rest = args[index + 1:]
             if rest and rest[0].value == "--":
@@ -543,12 +555,15 @@ def _run_written(path: str, runner: str, ctx: _Context, *, as_shell: bool) -> No
     ctx.parsed.signal(UNRESOLVABLE, f"{runner} runs {path}, a file this step writes: the policy does not read it")
 
 
-def _stdin_text(upstream: SimpleCommand) -> str | None:
-    """What ``echo …``, ``printf …`` or ``cat <<EOF`` prints into a pipe."""
+def _stdin_text(upstream: SimpleCommand, step_stdin: str | None = None) -> str | None:
+    """What ``echo …``, ``printf …`` or ``cat <<EOF`` prints into a pipe (a
+    bare ``cat``: the step's own stdin)."""
     if upstream.name in ("echo", "printf"):
         return " ".join(word for word in upstream.words[1:] if not word.startswith("-"))
     if upstream.name == "cat":
         bodies = [target for op, target in upstream.redirects if op in ("<<", "<<-", "<<<")]
+        if not bodies and all(word == "-" for word in upstream.words[1:]) and not upstream.redirects:
+            return step_stdin
         return "\n".join(bodies) or None
     return None
 
@@ -562,10 +577,20 @@ def _stdin_program(name: str, redirects: list[tuple[str, str]], ctx: _Context, *
                 _script(body, ctx)
     elif piped:
         ctx.parsed.signal(UNRESOLVABLE, f"{name} reads its program from a pipe")
+        if ctx.stdin_text is not None and ctx.stdin_text is ctx.parsed.stdin and not ctx.parsed.stdin_program:
+            ctx.parsed.stdin_program = name  # `cat | sh`: the step's own stdin, passed on
         if name.lower() in SHELLS and ctx.stdin_text:
             _script(ctx.stdin_text, ctx)
     elif any(op == "<" for op, _target in redirects):
         ctx.parsed.signal(UNRESOLVABLE, f"{name} reads its program from a redirected file")
+    elif ctx.parsed.stdin is not None and not ctx.parsed.stdin_program:
+        # The step's own stdin, and the first reader takes it: its text is
+        # the program, rated as that program given as a script (or inline).
+        ctx.parsed.stdin_program = name
+        if name.lower() in SHELLS:
+            _script(ctx.parsed.stdin, ctx)
+        else:
+            ctx.parsed.signal(INLINE_CODE, f"{name} runs the program fed on its stdin")
 
 
 # --- what bashlex cannot parse ------------------------------------------------------

@@ -112,7 +112,10 @@ def _consume_host_queues(sender, instance, **kwargs):
 @worker_ready.connect
 def _recover_host(sender, **kwargs):
     host_recover()
-    relay_dispatches()
+    try:
+        relay_dispatches()
+    except Exception:  # beat's relay follows within seconds
+        logging.getLogger(__name__).exception("could not relay the dispatch outbox at start")
 
 
 @worker_shutdown.connect

@@ -23,6 +23,7 @@ from approvals.models import (
     Decision,
     action_digest,
     normalised_action,
+    shown_action,
 )
 from approvals.services import approval_decide, approval_expire
 from runs.dispatch import ADVANCE_RUN
@@ -150,9 +151,12 @@ def test_a_high_risk_run_opens_exactly_one_request_bound_to_its_action(awaiting)
     assert request.action_digest == action_digest(steps, request.policy_version)
     assert len(request.action_digest) == 64
     assert request.steps == [
-        {"action": normalised_action(steps[0]), "risk": "low", "reasons": [DEFAULT_BASELINE]},
-        {"action": normalised_action(steps[1]), "risk": "high", "reasons": [DEFAULT_BASELINE, INSTALL_REASON]},
+        {"action": normalised_action(steps[0]), "shown": shown_action(steps[0]), "risk": "low",
+         "reasons": [DEFAULT_BASELINE]},
+        {"action": normalised_action(steps[1]), "shown": shown_action(steps[1]), "risk": "high",
+         "reasons": [DEFAULT_BASELINE, INSTALL_REASON]},
     ]
+    assert request.steps[1]["shown"]["argv"] == ["pip", "install", "requests"]
     # The action as an approver reads it: the exact argv of each shell step.
     assert [(row["action"]["id"], row["action"]["tool"], row["action"]["argv"], row["action"]["depends_on"])
             for row in request.steps] == [("prep", "shell", ["echo", "ready"], []),

@@ -466,10 +466,12 @@ def test_the_request_page_shows_the_exact_command_the_reason_and_the_digest(high
     assert article, html
     assert "border-color:#dc2626" in article.group(0)
     assert '<span class="badge risk-high">high</span>' in article.group(1)
-    assert '<pre class="command">pip install --user requests==2.32.3</pre>' in article.group(1)
+    # argv as a list, one argument an item (never a joined string)
+    assert ('<ol class="argv" data-field="argv"><li><code>pip</code></li><li><code>install</code></li>'
+            '<li><code>--user</code></li><li><code>requests==2.32.3</code></li></ol>') in article.group(1)
     assert f"<li>{PACKAGE_INSTALL_REASON}</li>" in article.group(1)
     low = re.search(r'<article class="step" data-step="s0"[^>]*>(.*?)</article>', html, re.S)
-    assert low and '<pre class="command">echo hi</pre>' in low.group(1)
+    assert low and '<li><code>echo</code></li><li><code>hi</code></li></ol>' in low.group(1)
     assert "border-color" not in low.group(0)
     assert high_risk.action_digest in html
 
@@ -488,7 +490,7 @@ def test_the_request_page_escapes_the_command(seeded_policy, make_run, alice):
     add_shell_steps(run, ["pip", "install", "<script>alert(1)</script>"])
     approval = rated_approval(run)
     html = signed_in(alice).get(f"/approvals/{approval.pk}/").content.decode()
-    assert '<pre class="command">pip install &lt;script&gt;alert(1)&lt;/script&gt;</pre>' in html
+    assert '<li><code>&lt;script&gt;alert(1)&lt;/script&gt;</code></li>' in html
     assert "<script>alert(1)" not in html
 
 
