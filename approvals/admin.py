@@ -1,9 +1,12 @@
 """Approval requests in the admin: read-only records, and the one write,
 "Approve" / "Reject selected requests", through the same decision service
 as the pages and the API (same rules: approvers of the tenant, never the
-submitter)."""
+submitter, and a decision names the digest of the plan its approver saw:
+the action first shows the selected requests' steps)."""
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
 
 from approvals.models import ApprovalRequest, Decision
 from approvals.services import approval_decide
@@ -43,20 +46,37 @@ class ApprovalRequestAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin)
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
-    def _decide(self, request, queryset, *, approve: bool) -> None:
-        for approval in queryset.select_related("run"):
+    def _decide(self, request, queryset, *, approve: bool, action: str):
+        """First a confirmation page showing each selected request's steps,
+        which carries the digest of what it shows; its POST then decides
+        each request on that digest (a request edited meanwhile is refused
+        as stale, one by one)."""
+        approvals = list(queryset.select_related("run"))
+        if request.POST.get("confirmed") != "yes":
+            return TemplateResponse(request, "admin/approvals/confirm_decision.html", {
+                **self.admin_site.each_context(request), "opts": self.model._meta, "approvals": approvals,
+                "approve": approve, "action": action, "title": f"{'Approve' if approve else 'Reject'} "
+                                                                f"{len(approvals)} request(s)?",
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME})
+        comment = request.POST.get("comment", "").strip()[:2000]
+        if not approve and not comment:
+            self.message_user(request, "A rejection needs a reason.", messages.ERROR)
+            return None
+        for approval in approvals:
             try:
                 outcome = approval_decide(request=approval, actor=request.user, approve=approve,
-                                          comment="decided in the admin")
+                                          digest=request.POST.get(f"digest-{approval.pk}", ""),
+                                          comment=comment or "decided in the admin")
             except ExecGoError as exc:
                 self.message_user(request, f"request {approval.pk}: {exc.envelope['message']}", messages.ERROR)
             else:
                 self.message_user(request, f"request {approval.pk}: {outcome.request.status}", messages.SUCCESS)
+        return None
 
     @admin.action(description="Approve selected requests", permissions=["view"])
     def approve_selected(self, request, queryset):
-        self._decide(request, queryset, approve=True)
+        return self._decide(request, queryset, approve=True, action="approve_selected")
 
     @admin.action(description="Reject selected requests", permissions=["view"])
     def reject_selected(self, request, queryset):
-        self._decide(request, queryset, approve=False)
+        return self._decide(request, queryset, approve=False, action="reject_selected")

@@ -1,6 +1,7 @@
 """Approvals in the REST API, for people (a session or a personal token):
 list, read, approve, reject. An agent's token gets 403 on every one of
-them; decisions go through ``approvals.services.approval_decide``."""
+them; decisions go through ``approvals.services.approval_decide``, each
+naming the ``digest`` of the request as its approver read it."""
 
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -29,6 +30,7 @@ class DecisionSerializer(serializers.Serializer):
     decision = serializers.CharField()
     comment = serializers.CharField()
     decided_at = serializers.DateTimeField()
+    digest = serializers.CharField(help_text="the action digest of the plan this decision was made on")
 
 
 class ApprovalRequestSerializer(serializers.ModelSerializer):
@@ -42,13 +44,15 @@ class ApprovalRequestSerializer(serializers.ModelSerializer):
         model = ApprovalRequest
         fields = ["id", "run_id", "status", "risk", "policy_version", "action_digest", "approvals_required",
                   "approvals", "requested_at", "expires_at", "decided_at", "steps", "original_steps", "edited_by",
-                  "decisions", "page_url"]
+                  "versions", "decisions", "page_url"]
 
     def get_page_url(self, approval: ApprovalRequest) -> str:
         return reverse("approvals:detail", args=[approval.pk])
 
 
 class CommentSerializer(serializers.Serializer):
+    digest = StringField(max_length=64, help_text="the action_digest of the request as read: a decision names "
+                                                  "the plan it was made on (another one is a 409 stale_view)")
     comment = StringField(max_length=2000, required=False, allow_blank=True, default="")
 
 
@@ -97,7 +101,7 @@ class ApprovalDecideView(APIView):
         if not self.approve and not body.validated_data["comment"].strip():
             raise ValidationError({"comment": ["a rejection needs a reason"]})
         outcome = approval_decide(request=approval, actor=request.user, approve=self.approve,
-                                  comment=body.validated_data["comment"].strip(),
+                                  digest=body.validated_data["digest"], comment=body.validated_data["comment"].strip(),
                                   edits=body.validated_data.get("edits") or None)
         return Response(ApprovalRequestSerializer(outcome.request).data)
 

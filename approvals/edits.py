@@ -1,20 +1,22 @@
 """Approve with edits: an approver narrows a step's arguments (a shell
 step's argv or script, an http step's URL) before approving.
 
-The edited plan is validated like a submitted one and rated again by the
-policy gate; an edit the policy denies is refused with its reasons. An
-accepted edit replaces the steps' params (the run executes exactly what was
-approved), and the request keeps the original steps beside the edited ones
-and binds to the edited plan's digest.
+The edited plan is validated like a submitted one and rated again, in
+full, by the policy gate; an edit the policy denies is refused with its
+reasons. An accepted edit replaces the steps' params (the run executes
+exactly what was approved), the request keeps the original steps beside the
+edited ones and every version in ``versions``, binds to the edited plan's
+digest and needs what the larger of the two plans needs (``apply_edit``).
 """
 
 import copy
 
-from approvals.models import ApprovalRequest, action_digest, normalised_action, shown_action
+from approvals.models import ApprovalRequest, action_digest, plan_version, quorum_of, rated_steps
 from runs.errors import ErrorCode, ExecGoError
-from runs.models import Run, Step
+from runs.models import Event, EventType, Run, Step
+from runs.outbox import emit
 from runs.plan_schema import validate_plan
-from runs.policy import PolicyDecision, evaluate_policy
+from runs.policy import RISK_ORDER, PolicyDecision, evaluate_policy
 
 # What an approver may change, per tool.
 EDITABLE = {"shell": ("argv", "script"), "http": ("url",)}
@@ -69,9 +71,12 @@ def rate_edit(run: Run, edited: list[Step]) -> PolicyDecision:
 
 
 def apply_edit(request: ApprovalRequest, run: Run, original: list[Step], edited: list[Step],
-               decision: PolicyDecision, actor) -> None:
+               decision: PolicyDecision, actor, *, now) -> None:
     """In the caller's transaction: the edited params replace the stored ones
-    and the request binds to the edited plan."""
+    and the request binds to the edited plan, re-rated in full. An edit never
+    lowers what is needed: the request then needs the larger of the two
+    quorums, and an edit that raised the risk or the quorum needs at least
+    one approver besides its editor (whose decision counts once)."""
     changed = [step for step, before in zip(edited, original) if step.params != before.params]
     for step in changed:
         Step.objects.filter(pk=step.pk).update(params=step.params)
@@ -79,13 +84,23 @@ def apply_edit(request: ApprovalRequest, run: Run, original: list[Step], edited:
         {**entry, "params": next(s.params for s in edited if s.step_id == entry["id"])}
         for entry in (run.plan or {}).get("steps", [])
     ]} if run.planner == "static" else run.plan)
-    rated = {row["id"]: row for row in decision.data["steps"]}
+    edited_quorum = quorum_of(decision.data)
+    raised = (RISK_ORDER[decision.risk] > RISK_ORDER.get(request.risk, 0)
+              or edited_quorum > request.approvals_required)
     request.original_steps = request.original_steps or request.steps
-    request.steps = [{"action": normalised_action(step), "shown": shown_action(step),
-                      "risk": rated.get(step.step_id, {}).get("risk", "low"),
-                      "reasons": rated.get(step.step_id, {}).get("reasons", []),
-                      "edited": step in changed} for step in edited]
+    request.steps = [{**row, "edited": step in changed}
+                     for row, step in zip(rated_steps(edited, decision.data), edited)]
     request.action_digest = action_digest(edited, decision.data["policy_version"])
     request.policy_version = decision.data["policy_version"]
+    request.approvals_required = max(request.approvals_required, edited_quorum, 2 if raised else 1)
+    request.risk = decision.risk
     request.edited_by = actor
-    request.save(update_fields=["original_steps", "steps", "action_digest", "policy_version", "edited_by"])
+    request.versions = [*request.versions, plan_version(
+        "edited", request.action_digest, request.steps, risk=decision.risk,
+        approvals_required=request.approvals_required, at=now, by=actor)]
+    request.save(update_fields=["original_steps", "steps", "action_digest", "policy_version", "approvals_required",
+                                "risk", "edited_by", "versions"])
+    # Whoever has the request open is told at once that it changed under them.
+    emit([Event(type=EventType.APPROVAL_CHANGED, run=run, timestamp=now, message="approval request edited",
+                data={"request": request.pk, "digest": request.action_digest, "edited_by": actor.get_username(),
+                      "approvals_required": request.approvals_required})])

@@ -157,6 +157,8 @@ class ApprovalRequest(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     # Approve with edits: the plan as submitted, and who narrowed it.
     original_steps = models.JSONField(null=True, blank=True)
+    # The plan as proposed, then after each edit (``plan_version``), oldest first.
+    versions = models.JSONField(default=list, blank=True)
     edited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                   related_name="+")
 
@@ -222,18 +224,40 @@ class ApprovalRequest(models.Model):
         """The request of ``run`` entering AWAITING_HITL with the policy's
         ``decision`` (its PolicyDecisionTrace data), in the caller's transaction."""
         steps = list(Step.objects.filter(run_id=run.pk).order_by("position"))
-        rated = {row["id"]: row for row in decision["steps"]}
-        # The quorum: the most any rule that rated a step high asks for.
-        high_rules = [rule["id"] for rule in decision["matched_rules"] if rule["outcome"] == "high"]
-        required = PolicyRule.objects.filter(pk__in=high_rules).aggregate(n=Max("approvals_required"))["n"] or 1
+        rows = rated_steps(steps, decision)
+        digest = action_digest(steps, decision["policy_version"])
+        required = quorum_of(decision)
         return cls.objects.create(
             run=run, tenant_id=run.tenant_id, risk=decision["risk"], policy_version=decision["policy_version"],
-            action_digest=action_digest(steps, decision["policy_version"]), approvals_required=required,
-            expires_at=now + timedelta(seconds=run.approval_timeout_s),
-            steps=[{"action": normalised_action(step), "shown": shown_action(step),
-                    "risk": rated.get(step.step_id, {}).get("risk", "low"),
-                    "reasons": rated.get(step.step_id, {}).get("reasons", [])} for step in steps],
+            action_digest=digest, approvals_required=required,
+            expires_at=now + timedelta(seconds=run.approval_timeout_s), steps=rows,
+            versions=[plan_version("proposed", digest, rows, risk=decision["risk"], approvals_required=required,
+                                   at=now)],
         )
+
+
+def quorum_of(decision: dict) -> int:
+    """How many distinct approvers a rated plan needs: the most any rule that
+    rated one of its steps high asks for (at least one)."""
+    high_rules = [rule["id"] for rule in decision["matched_rules"] if rule["outcome"] == "high"]
+    return PolicyRule.objects.filter(pk__in=high_rules).aggregate(n=Max("approvals_required"))["n"] or 1
+
+
+def rated_steps(steps: list[Step], decision: dict) -> list[dict]:
+    """A request's ``steps``: each step's normalised action (what the digest
+    binds), what an approver reads of it, its risk and reasons."""
+    rated = {row["id"]: row for row in decision["steps"]}
+    return [{"action": normalised_action(step), "shown": shown_action(step),
+             "risk": rated.get(step.step_id, {}).get("risk", "low"),
+             "reasons": rated.get(step.step_id, {}).get("reasons", [])} for step in steps]
+
+
+def plan_version(kind: str, digest: str, steps: list[dict], *, risk: str, approvals_required: int, at,
+                 by=None) -> dict:
+    """One entry of a request's ``versions``: the plan as proposed, or as an
+    approver edited it."""
+    return {"kind": kind, "digest": digest, "risk": risk, "approvals_required": approvals_required,
+            "by": by.get_username() if by is not None else None, "at": at.isoformat(), "steps": steps}
 
 
 class DecisionKind(models.TextChoices):
@@ -251,6 +275,8 @@ class Decision(models.Model):
     decided_at = models.DateTimeField(auto_now_add=True)
     # The steps as this approver narrowed them (approve with edits).
     edits = models.JSONField(null=True, blank=True)
+    # The action digest of the plan this decision was made on (after its own edits, if any).
+    digest = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["id"]

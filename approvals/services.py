@@ -64,16 +64,22 @@ def may_decide(user, request: ApprovalRequest) -> str | None:
     return None
 
 
-def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: str = "",
+STALE_VIEW = "the plan changed since you opened it: reload"
+
+
+def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: str, comment: str = "",
                     edits: dict[str, dict] | None = None) -> Outcome:
-    """``edits`` ({step id: {param: value}}): approve with edits (see
+    """``digest``: the action digest of the view the decision was made on (a
+    page's hidden field, the API's ``digest``); one that is no longer the
+    request's is refused as ``stale_view``, audited, and nothing recorded.
+    ``edits`` ({step id: {param: value}}): approve with edits (see
     approvals/edits.py); allowed with the first decision only, since other
     approvers approved the plan as it stands."""
     decision = DecisionKind.APPROVE if approve else DecisionKind.REJECT
     reason = may_decide(actor, request)
     if reason is not None:
         raise DeniedError(ErrorCode.DENIED, reason, source="approval", details={"request": request.pk})
-    refused = voided = None
+    refused = voided = stale = None
     approvals = 0
     with transaction.atomic():
         lock_run(request.run_id)  # the run first, as everywhere
@@ -85,6 +91,8 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
             refused = "this request expired"
         elif locked.decisions.filter(decider=actor).exists():
             refused = "you already decided this request"
+        elif digest != locked.action_digest:
+            refused = stale = STALE_VIEW
         elif action_digest(steps := list(Step.objects.filter(run_id=locked.run_id).order_by("position")),
                            locked.policy_version) != locked.action_digest:
             voided = "the plan changed since the approval was requested"
@@ -96,7 +104,7 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
             # Raises (and rolls back) when the edit is invalid or denied.
             run = Run.objects.get(pk=locked.run_id)
             edited = edited_steps(run, steps, edits)
-            apply_edit(locked, run, steps, edited, rate_edit(run, edited), actor)
+            apply_edit(locked, run, steps, edited, rate_edit(run, edited), actor, now=now)
         if voided:
             locked.status, locked.decided_at = ApprovalStatus.VOIDED, now
             locked.save(update_fields=["status", "decided_at"])
@@ -107,11 +115,13 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
             approvals = _record(locked, actor, decision, comment, now, edits=edits)
     if refused:
         # Audited after the transaction (which wrote nothing): the row is kept on SQLite too.
-        audit(AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
-              caller="hitl controller", from_state=S.AWAITING_HITL,
-              data={"request": locked.pk, "decision": decision, "reason": refused})
+        audit(AuditEvent.APPROVAL_STALE_VIEW if stale else AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id,
+              tenant_id=locked.tenant_id, actor=actor, caller="hitl controller", from_state=S.AWAITING_HITL,
+              data={"request": locked.pk, "decision": decision, "reason": refused,
+                    **({"seen_digest": str(digest)[:64], "digest": locked.action_digest} if stale else {})})
         raise ConflictError(ErrorCode.INVALID_INPUT, refused, source="approval",
-                            details={"request": locked.pk, "status": locked.status})
+                            details={"request": locked.pk, "status": locked.status,
+                                     **({"reason": "stale_view", "digest": locked.action_digest} if stale else {})})
     if voided:
         _close(locked, actor, S.REJECTED, {"decision": "void", "request": locked.pk})
         raise ConflictError(ErrorCode.INVALID_INPUT, f"approval voided: {voided}", source="approval",
@@ -133,7 +143,8 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, comment: 
 def _record(request: ApprovalRequest, actor, decision: str, comment: str, now, *, edits: dict | None) -> int:
     """The decision, its trace and its audit row, in the caller's
     transaction; the request's outcome once the quorum or a reject says so."""
-    Decision.objects.create(request=request, decider=actor, decision=decision, comment=comment, edits=edits)
+    Decision.objects.create(request=request, decider=actor, decision=decision, comment=comment, edits=edits,
+                            digest=request.action_digest)
     approvals = request.decisions.filter(decision=DecisionKind.APPROVE).count()
     final = decision == DecisionKind.REJECT or approvals >= request.approvals_required
     if final:
@@ -144,12 +155,14 @@ def _record(request: ApprovalRequest, actor, decision: str, comment: str, now, *
     Trace.objects.create(run_id=request.run_id, kind=TraceKind.HITL_DECISION, from_state=S.AWAITING_HITL, data={
         "decision": decision, "approver": actor.pk, "approver_name": actor.get_username(), "comment": comment,
         "timeout": False, "decided_at": now.isoformat(), "request": request.pk, "approvals": approvals,
+        "digest": request.action_digest,
         "approvals_required": request.approvals_required, "final": final,
         **({"edits": edits, "edited_by": actor.get_username()} if edits else {}),
     })
     audit(AuditEvent.APPROVAL_APPROVED if decision == DecisionKind.APPROVE else AuditEvent.APPROVAL_REJECTED,
           run_id=request.run_id, tenant_id=request.tenant_id, actor=actor, caller="hitl controller",
           from_state=S.AWAITING_HITL, data={"request": request.pk, "comment": comment, "approvals": approvals,
+                                            "digest": request.action_digest,
                                             "approvals_required": request.approvals_required,
                                             **({"edits": edits} if edits else {})})
     return approvals

@@ -57,9 +57,10 @@ def _edits_from(form, approval) -> dict[str, dict]:
     for index, step in enumerate(approval.steps):
         action = step["action"]
         if f"edit-{index}-argv" in form and "argv" in action:
-            argv = [line for line in form[f"edit-{index}-argv"].replace("\r", "").split("\n") if line != ""]
-            if argv != action["argv"]:
-                edits[action["id"]] = {"argv": argv}
+            # Compared as the text the form showed: an untouched field is no edit, whatever its arguments hold.
+            text = form[f"edit-{index}-argv"].replace("\r\n", "\n")
+            if text.rstrip("\n") != "\n".join(action["argv"]).rstrip("\n"):
+                edits[action["id"]] = {"argv": [line for line in text.split("\n") if line != ""]}
         elif f"edit-{index}-script" in form and "script" in action:
             script = form[f"edit-{index}-script"].replace("\r\n", "\n")
             if script != action["script"]:
@@ -86,8 +87,9 @@ def decide(request, request_id: int, verdict: str):
         messages.error(request, "Nothing was edited: use Approve.")
         return redirect("approvals:detail", request_id=approval.pk)
     try:
-        outcome = approval_decide(request=approval, actor=request.user, approve=verdict != "reject", comment=comment,
-                                  edits=edits)
+        # The digest of the page the approver decided on (its hidden field).
+        outcome = approval_decide(request=approval, actor=request.user, approve=verdict != "reject",
+                                  digest=request.POST.get("digest", ""), comment=comment, edits=edits)
     except ExecGoError as exc:
         messages.error(request, exc.envelope["message"])
         return redirect("approvals:detail", request_id=approval.pk)

@@ -84,10 +84,10 @@ def main() -> None:
             response = as_agent.post("/api/v1/runs", {"plan": plan}, format="json")
             assert response.status_code == 201, response.content
             run_id = response.json()["id"]
-            request_id = wait_for(lambda: ApprovalRequest.objects.filter(run_id=run_id, status="pending")
-                                  .values_list("pk", flat=True).first())
+            request_id, digest = wait_for(lambda: ApprovalRequest.objects.filter(run_id=run_id, status="pending")
+                                          .values_list("pk", "action_digest").first())
             clicked = time.time()
-            response = as_approver.post(f"/api/v1/approvals/{request_id}/approve", {}, format="json")
+            response = as_approver.post(f"/api/v1/approvals/{request_id}/approve", {"digest": digest}, format="json")
             assert response.status_code == 200, response.content
             started = wait_for(lambda: Step.objects.filter(run_id=run_id).exclude(started_at=None)
                                .values_list("started_at", flat=True).first())

@@ -134,7 +134,7 @@ def test_a_human_decision_is_timed(client, make_run, tenant, seeded_policy):
     run = make_run("AWAITING_HITL", previous_state="POLICY_CHECK")
     request = open_approval(run)
     _, before = scrape(client)
-    approval_decide(request=request, actor=approver, approve=False, comment="not today")
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False, comment="not today")
     _, after = scrape(client)
     count = ("execgo_approval_decision_seconds_count", (("outcome", "rejected"),))
     assert after.get(count, 0) - before.get(count, 0) == 1

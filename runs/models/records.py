@@ -84,6 +84,7 @@ class AuditEvent(models.TextChoices):
     HITL_TIMEOUT = "hitl_timeout"  # an approval request expired with no decision
     RESERVATION_RECLAIMED = "reservation_reclaimed"  # its worker process died holding it
     DEADLINE_ENFORCED = "deadline_enforced"  # the deadline scan closed a run its timer did not
+    APPROVAL_STALE_VIEW = "approval_stale_view"  # a decision made on a view of a plan that changed since
     WORK_RESENT = "work_resent"  # the sweeper sent a stuck run's work again (its messages were lost)
 
 
@@ -179,6 +180,7 @@ class EventType(models.TextChoices):
     TASK_FAILED = "task_failed"
     TASK_CANCELLED = "task_cancelled"
     RUN_STATE_CHANGED = "run_state_changed"
+    APPROVAL_CHANGED = "approval_changed"  # the plan a pending approval binds to was edited
 
 
 class Event(models.Model):

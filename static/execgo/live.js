@@ -118,9 +118,19 @@
     });
   }, 1000);
 
+  // --- an approval request's page: told at once when the plan it shows is edited ---
+  function noteApprovalChange(event) {
+    var seen = body.dataset.approvalDigest, banner = document.getElementById("approval-stale");
+    if (!seen || !banner || !event.data || !event.data.digest || event.data.digest === seen) return;
+    var why = document.getElementById("approval-stale-why");
+    if (why && event.data.edited_by) why.textContent = "edited by " + event.data.edited_by;
+    banner.hidden = false;
+  }
+
   function handle(event) {
     document.dispatchEvent(new CustomEvent("execgo:event", { detail: event }));
-    if (scope === "run") {
+    if (event.type === "approval_changed") noteApprovalChange(event);
+    if (scope === "run" && document.getElementById("run-live")) {
       refreshRun();
       if (event.type === "task_started") startLogs(event.task_id);
     } else if (body.dataset.liveRefresh) {

@@ -111,7 +111,7 @@ def assert_refused(request: ApprovalRequest, actor, *, approve: bool, status: st
     decisions = Decision.objects.filter(request_id=request.pk).count()
     refusals = AuditLog.objects.filter(run_id=request.run_id, event="approval_refused").count()
     with pytest.raises(ConflictError) as refused:
-        approval_decide(request=request, actor=actor, approve=approve, comment="too late")
+        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve, comment="too late")
     assert refused.value.http_status == 409
     assert refused.value.envelope["code"] == "invalid_input"
     assert refused.value.envelope["details"] == {"request": request.pk, "status": status}
@@ -181,7 +181,7 @@ def test_a_reject_by_an_approver_closes_the_run_rejected(awaiting, approver):
     run = awaiting()
     request = pending_request(run)
 
-    outcome = approval_decide(request=request, actor=approver, approve=False, comment="not on this host")
+    outcome = approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False, comment="not on this host")
 
     assert outcome.request.status == "rejected" and outcome.approvals == 0
     request = fresh(request)
@@ -212,7 +212,7 @@ def test_an_approval_moves_the_run_to_executing_and_sends_its_task_after_commit(
     request = pending_request(run)
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        outcome = approval_decide(request=request, actor=approver, approve=True, comment="ok")
+        outcome = approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True, comment="ok")
 
     assert outcome.request.status == "approved" and outcome.approvals == 1
     request = fresh(request)
@@ -241,7 +241,7 @@ def test_an_approval_moves_the_run_to_executing_and_sends_its_task_after_commit(
 
 def assert_denied(request: ApprovalRequest, actor, reason: str) -> None:
     with pytest.raises(DeniedError) as denied:
-        approval_decide(request=request, actor=actor, approve=True)
+        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=True)
     assert denied.value.http_status == 403
     assert denied.value.envelope["code"] == "denied"
     assert denied.value.envelope["source"] == "approval"
@@ -281,7 +281,7 @@ def test_a_user_outside_the_approvers_group_may_not_decide(awaiting, tenant):
 
 def test_the_same_approver_twice_on_a_quorum_of_two_is_refused_and_audited(make_run, approver):
     request = open_approval(make_run("AWAITING_HITL", previous_state="POLICY_CHECK"), approvals_required=2)
-    approval_decide(request=request, actor=approver, approve=True)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True)
 
     assert_refused(request, approver, approve=True, status="pending", reason="you already decided")
     assert_refused(request, approver, approve=False, status="pending", reason="you already decided")
@@ -292,11 +292,11 @@ def test_the_same_approver_twice_on_a_quorum_of_two_is_refused_and_audited(make_
 
 
 def _approved(request, approver):
-    approval_decide(request=request, actor=approver, approve=True)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True)
 
 
 def _rejected(request, approver):
-    approval_decide(request=request, actor=approver, approve=False)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False)
 
 
 def _expired(request, approver):
@@ -341,7 +341,7 @@ def test_a_quorum_of_two_from_a_seeded_rule_needs_two_distinct_approvers(awaitin
     assert request.approvals_required == 2
     assert request.policy_version == current_policy_version()
 
-    first = approval_decide(request=request, actor=approver, approve=True, comment="one")
+    first = approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True, comment="one")
     assert first.approvals == 1 and first.request.status == "pending"
     request = fresh(request)
     assert request.status == "pending" and request.decided_at is None and request.approvals_so_far == 1
@@ -352,7 +352,7 @@ def test_a_quorum_of_two_from_a_seeded_rule_needs_two_distinct_approvers(awaitin
     assert_refused(request, approver, approve=True, status="pending", reason="you already decided")
     assert fresh(request).approvals_so_far == 1
 
-    second = approval_decide(request=request, actor=second_approver, approve=True, comment="two")
+    second = approval_decide(request=request, digest=request.action_digest, actor=second_approver, approve=True, comment="two")
     assert second.approvals == 2 and second.request.status == "approved"
     request = fresh(request)
     assert request.status == "approved" and request.decided_at is not None
@@ -367,9 +367,9 @@ def test_a_quorum_of_two_with_one_approval_then_one_reject_is_rejected(make_run,
     request = open_approval(run, approvals_required=2)
     assert request.approvals_required == 2
 
-    assert approval_decide(request=request, actor=approver, approve=True).request.status == "pending"
+    assert approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True).request.status == "pending"
     assert fresh(run).state == "AWAITING_HITL"
-    outcome = approval_decide(request=request, actor=second_approver, approve=False, comment="no")
+    outcome = approval_decide(request=request, digest=request.action_digest, actor=second_approver, approve=False, comment="no")
 
     assert outcome.request.status == "rejected"
     request = fresh(request)
@@ -386,7 +386,7 @@ def test_a_quorum_of_two_with_one_approval_then_one_reject_is_rejected(make_run,
 
 def assert_voided(run: Run, request: ApprovalRequest, actor, *, approve: bool, reason: str) -> None:
     with pytest.raises(ConflictError) as voided:
-        approval_decide(request=request, actor=actor, approve=approve)
+        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve)
     assert voided.value.http_status == 409
     assert voided.value.envelope["details"] == {"request": request.pk, "status": "voided"}
     assert reason in voided.value.envelope["message"]
@@ -531,7 +531,7 @@ def _decide_racing(barrier: threading.Barrier, request_pk: int, actor, approve: 
     try:
         request = ApprovalRequest.objects.select_related("run").get(pk=request_pk)  # connects before the barrier
         barrier.wait(timeout=10)
-        approval_decide(request=request, actor=actor, approve=approve)
+        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve)
         return "won"
     except ConflictError as exc:
         return exc

@@ -28,7 +28,7 @@ def waiting(seeded_policy, echo_pip_install_is_high, tenant, agent, django_captu
 
 def decide(approval, approver, edits, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False):
-        return approval_decide(request=approval, actor=approver, approve=True, edits=edits)
+        return approval_decide(request=approval, digest=approval.action_digest, actor=approver, approve=True, edits=edits)
 
 
 @pytest.mark.django_db

@@ -17,7 +17,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision
-from runs.models import Job, Run, Step
+from runs.models import AuditLog, Job, Run, Step
 from runs.policy import evaluate_policy
 from tests.conftest import make_user, open_approval, token_client
 
@@ -169,7 +169,7 @@ def test_an_approvers_token_lists_the_tenants_requests_by_status(make_run, alice
     decided = open_approval(waiting_run(make_run))
     theirs = open_approval(run_of(outsider.membership.tenant, outsider))
     api = token_client(alice)
-    assert token_client(bob).post(f"/api/v1/approvals/{decided.pk}/approve", {}, format="json").status_code == 200
+    assert token_client(bob).post(f"/api/v1/approvals/{decided.pk}/approve", {"digest": decided.action_digest}, format="json").status_code == 200
 
     response = api.get("/api/v1/approvals?status=pending")
     assert response.status_code == 200, response.content
@@ -212,7 +212,7 @@ def test_the_read_shows_the_steps_and_the_decisions_so_far(seeded_policy, make_r
     approval = rated_approval(run)
     ApprovalRequest.objects.filter(pk=approval.pk).update(approvals_required=2)
     api = token_client(alice)
-    response = api.post(f"/api/v1/approvals/{approval.pk}/approve", {"comment": "fine by me"}, format="json")
+    response = api.post(f"/api/v1/approvals/{approval.pk}/approve", {"digest": approval.action_digest, "comment": "fine by me"}, format="json")
     assert response.status_code == 200, response.content
 
     body = api.get(f"/api/v1/approvals/{approval.pk}").json()
@@ -229,7 +229,7 @@ def test_the_read_shows_the_steps_and_the_decisions_so_far(seeded_policy, make_r
 
 
 def test_an_approvers_token_approves_and_the_run_executes(pending, alice):
-    response = token_client(alice).post(f"/api/v1/approvals/{pending.pk}/approve", {"comment": "go"}, format="json")
+    response = token_client(alice).post(f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest, "comment": "go"}, format="json")
     assert response.status_code == 200, response.content
     body = response.json()
     assert (body["id"], body["status"], body["approvals"]) == (pending.pk, "approved", 1)
@@ -240,7 +240,7 @@ def test_an_approvers_token_approves_and_the_run_executes(pending, alice):
 
 
 def test_an_approvers_token_rejects_with_a_comment_and_the_run_closes(pending, alice):
-    response = token_client(alice).post(f"/api/v1/approvals/{pending.pk}/reject", {"comment": "  not today  "},
+    response = token_client(alice).post(f"/api/v1/approvals/{pending.pk}/reject", {"digest": pending.action_digest, "comment": "  not today  "},
                                         format="json")
     assert response.status_code == 200, response.content
     assert response.json()["status"] == "rejected"
@@ -252,7 +252,8 @@ def test_an_approvers_token_rejects_with_a_comment_and_the_run_closes(pending, a
 @pytest.mark.parametrize("payload", [{}, {"comment": ""}, {"comment": "   "}])
 def test_a_reject_without_a_comment_is_a_400(pending, alice, payload):
     before = snapshot(pending)
-    error = error_of(token_client(alice).post(f"/api/v1/approvals/{pending.pk}/reject", payload, format="json"),
+    body = {**payload, "digest": pending.action_digest}
+    error = error_of(token_client(alice).post(f"/api/v1/approvals/{pending.pk}/reject", body, format="json"),
                      400, "invalid_input")
     assert "comment" in error["details"]["fields"], error
     assert snapshot(pending) == before
@@ -267,8 +268,8 @@ def test_an_agents_token_gets_403_on_every_endpoint(tenant, pending, groups):
     for method, url, payload in (
         ("get", "/api/v1/approvals", None),
         ("get", f"/api/v1/approvals/{pending.pk}", None),
-        ("post", f"/api/v1/approvals/{pending.pk}/approve", {"comment": "self-approved"}),
-        ("post", f"/api/v1/approvals/{pending.pk}/reject", {"comment": "self-rejected"}),
+        ("post", f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest, "comment": "self-approved"}),
+        ("post", f"/api/v1/approvals/{pending.pk}/reject", {"digest": pending.action_digest, "comment": "self-rejected"}),
     ):
         response = getattr(agent_api, method)(url, payload, format="json") if payload else agent_api.get(url)
         error_of(response, 403, "denied")
@@ -279,7 +280,7 @@ def test_an_agents_token_gets_403_on_every_endpoint(tenant, pending, groups):
 def test_the_submitter_may_not_approve_its_own_run(make_run, alice):
     approval = open_approval(submitted_by(waiting_run(make_run), alice))
     before = snapshot(approval)
-    error = error_of(token_client(alice).post(f"/api/v1/approvals/{approval.pk}/approve", {}, format="json"),
+    error = error_of(token_client(alice).post(f"/api/v1/approvals/{approval.pk}/approve", {"digest": approval.action_digest}, format="json"),
                      403, "denied")
     assert "separation of duties" in error["message"], error
     assert snapshot(approval) == before
@@ -289,31 +290,31 @@ def test_the_submitter_may_not_approve_its_own_run(make_run, alice):
 def test_a_replayed_approval_on_a_quorum_request_is_a_409(make_run, alice, bob):
     approval = open_approval(waiting_run(make_run), approvals_required=2)
     api = token_client(alice)
-    first = api.post(f"/api/v1/approvals/{approval.pk}/approve", {}, format="json")
+    first = api.post(f"/api/v1/approvals/{approval.pk}/approve", {"digest": approval.action_digest}, format="json")
     assert first.status_code == 200, first.content
     assert (first.json()["status"], first.json()["approvals"]) == ("pending", 1)
 
     before = snapshot(approval)
-    error = error_of(api.post(f"/api/v1/approvals/{approval.pk}/approve", {}, format="json"), 409, "invalid_input")
+    error = error_of(api.post(f"/api/v1/approvals/{approval.pk}/approve", {"digest": approval.action_digest}, format="json"), 409, "invalid_input")
     assert "already decided" in error["message"], error
-    error_of(api.post(f"/api/v1/approvals/{approval.pk}/reject", {"comment": "changed my mind"}, format="json"),
+    error_of(api.post(f"/api/v1/approvals/{approval.pk}/reject", {"digest": approval.action_digest, "comment": "changed my mind"}, format="json"),
              409, "invalid_input")
     assert snapshot(approval) == before
     assert Decision.objects.filter(request=approval).count() == 1
 
-    second = token_client(bob).post(f"/api/v1/approvals/{approval.pk}/approve", {}, format="json")
+    second = token_client(bob).post(f"/api/v1/approvals/{approval.pk}/approve", {"digest": approval.action_digest}, format="json")
     assert (second.status_code, second.json()["status"], second.json()["approvals"]) == (200, "approved", 2)
     assert Run.objects.get(pk=approval.run_id).state == "EXECUTING"
 
 
 def test_a_second_approval_of_an_approved_request_is_a_409(tenant, pending, alice, bob):
-    assert token_client(alice).post(f"/api/v1/approvals/{pending.pk}/approve", {}, format="json").status_code == 200
+    assert token_client(alice).post(f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest}, format="json").status_code == 200
     before = snapshot(pending)
     assert before[0] == "approved"
-    error = error_of(token_client(bob).post(f"/api/v1/approvals/{pending.pk}/approve", {}, format="json"),
+    error = error_of(token_client(bob).post(f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest}, format="json"),
                      409, "invalid_input")
     assert error["details"]["status"] == "approved", error
-    error_of(token_client(bob).post(f"/api/v1/approvals/{pending.pk}/reject", {"comment": "too late"},
+    error_of(token_client(bob).post(f"/api/v1/approvals/{pending.pk}/reject", {"digest": pending.action_digest, "comment": "too late"},
                                     format="json"), 409, "invalid_input")
     assert snapshot(pending) == before
     assert Decision.objects.filter(request=pending).count() == 1
@@ -341,14 +342,14 @@ def test_a_session_decision_without_a_csrf_token_is_a_403(pending, alice):
     # The same session with the token it was given decides.
     assert client.get(f"/approvals/{pending.pk}/").status_code == 200
     token = client.cookies["csrftoken"].value
-    response = client.post(f"/api/v1/approvals/{pending.pk}/approve", {}, format="json", HTTP_X_CSRFTOKEN=token)
+    response = client.post(f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest}, format="json", HTTP_X_CSRFTOKEN=token)
     assert (response.status_code, response.json()["status"]) == (200, "approved")
 
 
 def test_anonymous_api_calls_are_401(pending):
     for url in ("/api/v1/approvals", f"/api/v1/approvals/{pending.pk}"):
         error_of(APIClient().get(url), 401, "denied")
-    error_of(APIClient().post(f"/api/v1/approvals/{pending.pk}/approve", {}, format="json"), 401, "denied")
+    error_of(APIClient().post(f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest}, format="json"), 401, "denied")
     assert not Decision.objects.exists()
 
 
@@ -405,7 +406,7 @@ def test_the_inbox_lists_pending_requests_with_risk_and_time_left(make_run, alic
     decided = open_approval(waiting_run(make_run))
     theirs = open_approval(run_of(outsider.membership.tenant, outsider))
     assert token_client(make_user("bob", alice.membership.tenant, groups=("approvers",))).post(
-        f"/api/v1/approvals/{decided.pk}/approve", {}, format="json").status_code == 200
+        f"/api/v1/approvals/{decided.pk}/approve", {"digest": decided.action_digest}, format="json").status_code == 200
 
     response = signed_in(alice).get("/approvals/")
     assert response.status_code == 200
@@ -426,8 +427,8 @@ def test_the_inbox_lists_decided_requests_with_their_outcome(make_run, alice, bo
     rejected = open_approval(waiting_run(make_run))
     still_pending = open_approval(waiting_run(make_run))
     api = token_client(bob)
-    assert api.post(f"/api/v1/approvals/{approved.pk}/approve", {}, format="json").status_code == 200
-    assert api.post(f"/api/v1/approvals/{rejected.pk}/reject", {"comment": "no"}, format="json").status_code == 200
+    assert api.post(f"/api/v1/approvals/{approved.pk}/approve", {"digest": approved.action_digest}, format="json").status_code == 200
+    assert api.post(f"/api/v1/approvals/{rejected.pk}/reject", {"digest": rejected.action_digest, "comment": "no"}, format="json").status_code == 200
 
     html = signed_in(alice).get("/approvals/?status=decided").content.decode()
     assert re.findall(r'<tr id="approval-(\d+)"', html) == [str(rejected.pk), str(approved.pk)]
@@ -481,6 +482,7 @@ def test_the_request_page_shows_the_exact_command_the_reason_and_the_digest(high
         assert form["method"] == "post"
         assert len(form["inputs"]["csrfmiddlewaretoken"]) >= 32, form
         assert "comment" in form["inputs"]
+        assert form["inputs"]["digest"] == high_risk.action_digest
         assert form["buttons"] == [verdict]
     assert "No decision yet." in html
 
@@ -503,9 +505,8 @@ def csrf_page(user, approval: ApprovalRequest) -> tuple[Client, dict[str, dict]]
 
 def test_approving_on_the_page_with_the_csrf_token(high_risk, alice):
     client, forms = csrf_page(alice, high_risk)
-    response = client.post(forms["approve"]["action"],
-                           {"csrfmiddlewaretoken": forms["approve"]["inputs"]["csrfmiddlewaretoken"],
-                            "comment": "checked the pin"})
+    assert forms["approve"]["inputs"]["digest"] == high_risk.action_digest  # the view it was made on
+    response = client.post(forms["approve"]["action"], {**forms["approve"]["inputs"], "comment": "checked the pin"})
     assert (response.status_code, response["Location"]) == (302, f"/approvals/{high_risk.pk}/")
     high_risk.refresh_from_db()
     assert high_risk.status == "approved"
@@ -532,9 +533,7 @@ def test_a_page_decision_without_the_csrf_token_is_a_403(high_risk, alice, verdi
 def test_a_page_reject_without_a_reason_is_refused_with_a_message(high_risk, alice, comment):
     client, forms = csrf_page(alice, high_risk)
     before = snapshot(high_risk)
-    response = client.post(forms["reject"]["action"],
-                           {"csrfmiddlewaretoken": forms["reject"]["inputs"]["csrfmiddlewaretoken"],
-                            "comment": comment}, follow=True)
+    response = client.post(forms["reject"]["action"], {**forms["reject"]["inputs"], "comment": comment}, follow=True)
     assert response.redirect_chain == [(f"/approvals/{high_risk.pk}/", 302)]
     assert "A rejection needs a reason." in messages_of(response)
     assert "A rejection needs a reason." in response.content.decode()
@@ -553,7 +552,7 @@ def test_a_page_decision_by_get_is_a_405(high_risk, alice, verdict):
 def test_a_non_approver_of_the_tenant_cannot_decide_on_the_page(tenant, high_risk):
     clerk = make_user("clerk", tenant)
     before = snapshot(high_risk)
-    response = signed_in(clerk).post(f"/approvals/{high_risk.pk}/approve", {"comment": "me too"}, follow=True)
+    response = signed_in(clerk).post(f"/approvals/{high_risk.pk}/approve", {"digest": high_risk.action_digest, "comment": "me too"}, follow=True)
     assert response.status_code == 403  # refused by the service, then the page is not theirs to see
     assert snapshot(high_risk) == before
     assert not Decision.objects.exists()
@@ -561,9 +560,8 @@ def test_a_non_approver_of_the_tenant_cannot_decide_on_the_page(tenant, high_ris
 
 def test_after_a_decision_the_page_shows_the_history_and_no_buttons(high_risk, alice):
     client, forms = csrf_page(alice, high_risk)
-    response = client.post(forms["reject"]["action"],
-                           {"csrfmiddlewaretoken": forms["reject"]["inputs"]["csrfmiddlewaretoken"],
-                            "comment": "pin <the> index"}, follow=True)
+    response = client.post(forms["reject"]["action"], {**forms["reject"]["inputs"], "comment": "pin <the> index"},
+                           follow=True)
     assert response.status_code == 200
     assert "Request rejected." in messages_of(response)
     html = response.content.decode()
@@ -591,12 +589,23 @@ def superuser(username: str, tenant) -> User:
 CHANGELIST = "/admin/approvals/approvalrequest/"
 
 
+def admin_decide(client, action: str, approvals: list, comment: str = ""):
+    """An admin action as an operator takes it: the action shows the
+    requests with the digest of each (hidden fields), and its form decides."""
+    selected = {"action": action, "_selected_action": [approval.pk for approval in approvals]}
+    confirmation = client.post(CHANGELIST, selected)
+    assert confirmation.status_code == 200
+    html = confirmation.content.decode()
+    digests = dict(re.findall(r'name="(digest-\d+)" value="([0-9a-f]{64})"', html))
+    assert set(digests) == {f"digest-{approval.pk}" for approval in approvals}, html
+    return client.post(CHANGELIST, {**selected, **digests, "confirmed": "yes", "comment": comment}, follow=True)
+
+
 def test_the_admin_action_refuses_the_submitter(tenant, make_run):
     root = superuser("root", tenant)
     approval = open_approval(submitted_by(waiting_run(make_run), root))
     before = snapshot(approval)
-    response = signed_in(root).post(CHANGELIST, {"action": "approve_selected", "_selected_action": [approval.pk]},
-                                    follow=True)
+    response = admin_decide(signed_in(root), "approve_selected", [approval])
     assert response.status_code == 200
     errors = [str(message) for message in response.context["messages"] if message.level_tag == "error"]
     assert len(errors) == 1 and f"request {approval.pk}" in errors[0] and "separation of duties" in errors[0], errors
@@ -607,8 +616,7 @@ def test_the_admin_action_refuses_the_submitter(tenant, make_run):
 def test_the_admin_action_approves_for_an_approver_of_the_tenant(tenant, make_run):
     root = superuser("root", tenant)
     approval = open_approval(waiting_run(make_run))
-    response = signed_in(root).post(CHANGELIST, {"action": "approve_selected", "_selected_action": [approval.pk]},
-                                    follow=True)
+    response = admin_decide(signed_in(root), "approve_selected", [approval])
     assert response.status_code == 200
     assert f"request {approval.pk}: approved" in messages_of(response)
     approval.refresh_from_db()
@@ -620,12 +628,34 @@ def test_the_admin_action_approves_for_an_approver_of_the_tenant(tenant, make_ru
 def test_the_admin_action_refuses_a_superuser_of_another_tenant(other_tenant, pending):
     root = superuser("globex-root", other_tenant)
     before = snapshot(pending)
-    response = signed_in(root).post(CHANGELIST, {"action": "approve_selected", "_selected_action": [pending.pk]},
-                                    follow=True)
+    response = admin_decide(signed_in(root), "approve_selected", [pending])
     assert response.status_code == 200
     errors = [str(message) for message in response.context["messages"] if message.level_tag == "error"]
     assert errors == [f"request {pending.pk}: this request belongs to another tenant"], errors
     assert snapshot(pending) == before
+    assert not Decision.objects.exists()
+
+
+def test_the_admin_action_shows_what_it_decides_and_refuses_a_stale_view(tenant, make_run):
+    root = superuser("root", tenant)
+    approval = open_approval(waiting_run(make_run))
+    client = signed_in(root)
+    selected = {"action": "approve_selected", "_selected_action": [approval.pk]}
+    confirmation = client.post(CHANGELIST, selected).content.decode()
+    assert approval.action_digest in confirmation and not Decision.objects.exists()  # nothing decided yet
+    seen = re.search(r'name="digest-\d+" value="([0-9a-f]{64})"', confirmation).group(1)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(action_digest="0" * 64)  # the plan changed meanwhile
+    response = client.post(CHANGELIST, {**selected, f"digest-{approval.pk}": seen, "confirmed": "yes"}, follow=True)
+    errors = [str(message) for message in response.context["messages"] if message.level_tag == "error"]
+    assert errors == [f"request {approval.pk}: the plan changed since you opened it: reload"], errors
+    assert not Decision.objects.exists()
+    assert AuditLog.objects.filter(event="approval_stale_view", run_id=approval.run_id).count() == 1
+
+
+def test_an_admin_reject_needs_a_reason(tenant, make_run):
+    approval = open_approval(waiting_run(make_run))
+    response = admin_decide(signed_in(superuser("root", tenant)), "reject_selected", [approval])
+    assert "A rejection needs a reason." in messages_of(response)
     assert not Decision.objects.exists()
 
 
@@ -676,4 +706,4 @@ def test_the_schema_documents_the_reject_body_without_edits(alice):
         return set(schema["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"])
 
     assert "edits" in body_properties("/api/v1/approvals/{request_id}/approve")
-    assert body_properties("/api/v1/approvals/{request_id}/reject") == {"comment"}
+    assert body_properties("/api/v1/approvals/{request_id}/reject") == {"comment", "digest"}

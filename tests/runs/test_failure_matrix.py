@@ -73,8 +73,8 @@ def approver(tenant):
 
 def run_decide(*, run: Run, approve: bool, actor, comment: str = "") -> Run:
     """Decide the run's pending approval request through the one decision service."""
-    approval_decide(request=run.approval_requests.get(status="pending"), actor=actor, approve=approve,
-                    comment=comment)
+    request = run.approval_requests.get(status="pending")
+    approval_decide(request=request, actor=actor, approve=approve, digest=request.action_digest, comment=comment)
     return Run.objects.get(pk=run.pk)
 
 

@@ -248,7 +248,7 @@ def notifications(run_id: int) -> list[tuple[str, dict]]:
 def test_no_notification_without_url_and_secret(settings, seeded_policy, tenant, agent, approver, url, secret):
     settings.EXECGO_APPROVAL_WEBHOOK_URL, settings.EXECGO_WEBHOOK_SECRET = url, secret
     request = advance_to_approval(tenant, agent)
-    approval_decide(request=request, actor=approver, approve=False)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False)
     assert ApprovalRequest.objects.get(pk=request.pk).status == "rejected"
     assert not WebhookDelivery.objects.exists()
 
@@ -261,7 +261,7 @@ def test_a_decision_notifies_with_its_status(webhook_settings, seeded_policy, te
     [(event, payload)] = notifications(request.run_id)
     assert event == "approval.requested" and payload["request"] == request.pk and payload["risk"] == "high"
 
-    approval_decide(request=request, actor=approver, approve=approve, comment="looked at it")
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=approve, comment="looked at it")
     request.refresh_from_db()
     event, payload = notifications(request.run_id)[1]
     assert event == "approval.decided"
@@ -276,7 +276,7 @@ def test_a_decision_short_of_the_quorum_does_not_notify(webhook_settings, seeded
     request = advance_to_approval(tenant, agent)
     ApprovalRequest.objects.filter(pk=request.pk).update(approvals_required=2)
     request.refresh_from_db()
-    approval_decide(request=request, actor=approver, approve=True)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True)
     assert [event for event, _ in notifications(request.run_id)] == ["approval.requested"]
 
 
@@ -297,7 +297,7 @@ def test_a_voided_request_notifies(webhook_settings, seeded_policy, tenant, agen
     rule.reason = "changes file ownership (reviewed)"
     policy_rule_save(rule)
     with pytest.raises(ConflictError):
-        approval_decide(request=request, actor=approver, approve=True)
+        approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True)
     event, payload = notifications(request.run_id)[-1]
     assert event == "approval.decided"
     assert (payload["status"], payload["decided_by"]) == ("voided", "approver")
@@ -440,7 +440,7 @@ def test_approval_notifications_are_delivered_despite_failures(webhook_worker, w
     request = ApprovalRequest.objects.get(run_id=run_id, status="pending")
     requested = wait_for_delivery("approval.requested", request, status="delivered")
 
-    approval_decide(request=request, actor=approver, approve=True, comment="fine by me")
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=True, comment="fine by me")
     decided = wait_for_delivery("approval.decided", request, status="delivered")
     run = wait_for_run(run_id)
 
@@ -488,7 +488,7 @@ def test_a_receiver_that_is_down_never_changes_the_run(webhook_worker, webhook_s
     assert ApprovalRequest.objects.get(pk=request.pk).status == "pending"
 
     # The decision still takes effect; its own notification fails on its own.
-    approval_decide(request=request, actor=approver, approve=False, comment="no")
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False, comment="no")
     assert wait_for_run(run_id).state == "CLOSED_REJECTED"
     decided = wait_for_delivery("approval.decided", request, status="failed")
     assert decided.attempts == MAX_ATTEMPTS

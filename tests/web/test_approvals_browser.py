@@ -4,11 +4,14 @@ command, and Approve runs it; Reject with a reason closes the run rejected
 and the reason is on the run page. Screenshots under var/screenshots/."""
 
 import pytest
+from django.test import override_settings
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from approvals.models import ApprovalRequest
-from runs.models import Run
-from tests.conftest import token_client, wait_for_run, wait_until
+from runs.models import AuditLog, Job, Run, Step
+from runs.policy import evaluate_policy
+from tests.conftest import make_user, token_client, wait_for_run, wait_until
 from tests.web.conftest import PASSWORD, log_in, screenshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
@@ -116,3 +119,65 @@ def test_approve_with_an_edited_argv_runs_the_edited_command(page, celery_worker
     assert body["plan"]["steps"][0]["params"]["argv"] == ["echo", "narrowed"]
     page.goto(f"/runs/{run_id}/")
     expect(page.locator("#approval-title + *")).to_contain_text("edited by alice")
+
+
+def test_a_view_that_went_stale_is_told_live_and_its_decision_refused(browser, live_web, seeded_policy,
+                                                                       echo_pip_install_is_high, approver, agent,
+                                                                       tenant):
+    """Two approvers needed. alice and bob open the request in their own
+    browsers; bob approves with edits; alice's page says at once that it
+    changed, and her Approve on it is refused: the request stays pending,
+    with a stale_view audit row and no decision of hers."""
+    bob = make_user("bob", tenant, groups=("approvers",))
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
+        bob.set_password(PASSWORD)
+    bob.save()
+    run = make_plain_run(tenant, agent)
+    approval = open_for_run(run, approvals_required=2)
+
+    pages = {}
+    for name in ("alice", "bob"):
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=live_web.url)
+        pages[name] = context.new_page()
+        log_in(pages[name], name, PASSWORD)
+        pages[name].goto(f"/approvals/{approval.pk}/")
+        pages[name].wait_for_function("window.execgoLive && window.execgoLive.state === 'live'")
+    alice, bob_page = pages["alice"], pages["bob"]
+    expect(alice.locator("#approval-stale")).to_be_hidden()
+
+    bob_page.get_by_label("s0: argv, one argument per line").fill("echo\npip\ninstall\none")
+    bob_page.get_by_role("button", name="Approve with edits").click()
+    expect(bob_page.locator("main")).to_contain_text("1 of 2 approvals so far")
+    expect(alice.locator("#approval-stale")).to_be_visible(timeout=15_000)  # live, no reload
+    expect(alice.locator("#approval-stale")).to_contain_text("edited by bob")
+    screenshot(alice, "approval-stale-view")
+
+    alice.get_by_role("button", name="Approve", exact=True).click()
+    expect(alice.locator("main")).to_contain_text("the plan changed since you opened it: reload")
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert list(approval.decisions.values_list("decider__username", flat=True)) == ["bob"]
+    assert AuditLog.objects.filter(event="approval_stale_view", run_id=run.pk, actor=approver).count() == 1
+    for page in pages.values():
+        page.context.close()
+
+
+def make_plain_run(tenant, agent) -> Run:
+    """A run waiting for approval of one harmless step, as the pipeline leaves it (no worker needed)."""
+    job = Job.objects.create(tenant=tenant, created_by=agent)
+    run = Run.objects.create(job=job, tenant=tenant, submitted_by=agent, state="AWAITING_HITL",
+                             previous_state="POLICY_CHECK", timeout_s=600, approval_timeout_s=3600,
+                             plan={"steps": [{"id": "s0", "tool": "shell", "params": {"argv": ["echo", "pip",
+                                                                                                "install", "all"]}}]},
+                             last_state_change_at=timezone.now())
+    Step.objects.create(run=run, step_id="s0", position=0, tool="shell",
+                        params={"argv": ["echo", "pip", "install", "all"]}, timeout_s=5)
+    return run
+
+
+def open_for_run(run: Run, *, approvals_required: int) -> ApprovalRequest:
+    decision = evaluate_policy(run)
+    approval = ApprovalRequest.open_for(run, decision.data, now=timezone.now())
+    ApprovalRequest.objects.filter(pk=approval.pk).update(approvals_required=approvals_required)
+    approval.refresh_from_db()
+    return approval
