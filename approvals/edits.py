@@ -12,6 +12,7 @@ digest and needs what the larger of the two plans needs (``apply_edit``).
 import copy
 
 from approvals.models import ApprovalRequest, action_digest, plan_version, quorum_of, rated_steps
+from runs.dataplane import bind_rated_plans_of
 from runs.errors import ErrorCode, ExecGoError
 from runs.models import Event, EventType, Run, Step
 from runs.outbox import emit
@@ -84,6 +85,7 @@ def apply_edit(request: ApprovalRequest, run: Run, original: list[Step], edited:
         {**entry, "params": next(s.params for s in edited if s.step_id == entry["id"])}
         for entry in (run.plan or {}).get("steps", [])
     ]} if run.planner == "static" else run.plan)
+    bind_rated_plans_of(edited, decision.data)  # the edited plan as rated is what the digest binds
     edited_quorum = quorum_of(decision.data)
     raised = (RISK_ORDER[decision.risk] > RISK_ORDER.get(request.risk, 0)
               or edited_quorum > request.approvals_required)

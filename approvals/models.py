@@ -52,10 +52,13 @@ def _digest_of(value) -> str:
 def normalised_action(step: Step) -> dict:
     """What a step will do, as an approver must see it and as the action
     digest binds it: the exact arguments, with bodies and file contents
-    reduced to their digest (and shown in full on the page)."""
+    reduced to their digest (and shown in full on the page), and the
+    effective plan the policy rated it on."""
     params = step.params or {}
     action: dict = {"id": step.step_id, "tool": step.tool, "depends_on": list(step.depends_on or []),
                     "sandbox": step.requested_plan or {}, "timeout_s": step.timeout_s, "retries": step.retries}
+    if step.rated_plan:  # the plan it was rated on, which no host may weaken (runs.dataplane.queue_for)
+        action["rated_plan"] = step.rated_plan
     if step.tool == "shell":
         action.update({key: params[key] for key in ("argv", "script", "cwd") if key in params})
         action["env"] = params.get("env") or {}
@@ -109,7 +112,8 @@ def shown_action(step: Step) -> dict:
     it: argv as a list, the texts in full (``_shown_text``), secret-looking
     header values as their length only, the sandbox and the limits."""
     params = step.params if isinstance(step.params, dict) else {}
-    shown: dict = {"sandbox": step.requested_plan or {}, "timeout_s": step.timeout_s, "retries": step.retries}
+    shown: dict = {"sandbox": step.requested_plan or {}, "timeout_s": step.timeout_s, "retries": step.retries,
+                   "rated_plan": step.rated_plan or None}
     if step.tool == "shell":
         if isinstance(params.get("argv"), list):
             shown["argv"] = [visible_text(str(arg)) for arg in params["argv"]]

@@ -41,13 +41,153 @@ def can_sandbox(manifest: dict | None = None) -> bool:
     return bool((manifest.get("bubblewrap") or {}).get("available"))
 
 
+# What a plan needs of a host: bubblewrap for linux_sandbox, pasta for the
+# internet network, the shim's own namespaces for a contained process profile.
+CAPABILITIES = ("bubblewrap", "pasta", "namespaces")
+
+
+def plan_needs(plan: dict) -> frozenset[str]:
+    """The host capabilities without which ``plan`` would run weaker."""
+    needs = set()
+    if plan.get("profile") == "linux_sandbox":
+        needs.add("bubblewrap")
+    elif plan.get("profile") == "process" and plan.get("namespaces"):
+        needs.add("namespaces")
+    if plan.get("network") == "internet":
+        needs.add("pasta")
+    return frozenset(needs)
+
+
+def host_capabilities(manifest: dict | None = None) -> frozenset[str]:
+    manifest = manifest or capability_manifest()
+    namespaces = manifest.get("namespaces") or {}
+    has = {"bubblewrap": can_sandbox(manifest), "pasta": bool((manifest.get("pasta") or {}).get("available")),
+           "namespaces": bool((manifest.get("user") or {}).get("is_root") and namespaces.get("mount")
+                              and namespaces.get("net"))}
+    return frozenset(name for name, present in has.items() if present)
+
+
+def capability_queue(needs: frozenset[str]) -> str:
+    """The queue of the hosts that have every capability in ``needs``
+    (bubblewrap alone keeps the sandbox queue's name)."""
+    if not needs:
+        return DEFAULT_QUEUE
+    if needs == {"bubblewrap"}:
+        return SANDBOX_QUEUE
+    return "execgo.needs." + "+".join(name for name in CAPABILITIES if name in needs)
+
+
+def capability_queues(capabilities: frozenset[str]) -> list[str]:
+    """Every capability queue a host with ``capabilities`` consumes: one per
+    subset of them (at most eight)."""
+    names = [name for name in CAPABILITIES if name in capabilities]
+    subsets = [frozenset(name for bit, name in enumerate(names) if mask >> bit & 1) for mask in range(1, 1 << len(names))]
+    return [capability_queue(subset) for subset in subsets]
+
+
 def queue_for(step: Step) -> str:
-    """Where a step may run: a strict linux_sandbox step only on a host that
-    has the sandbox; everything else anywhere."""
+    """Where a step may run: on a host that can honour the plan the policy
+    rated for it (``Step.rated_plan``), so that no host runs it weaker; a
+    step rated before plans were bound: a strict linux_sandbox step only on
+    a host that has the sandbox, everything else anywhere."""
+    if step.rated_plan:
+        return capability_queue(plan_needs(step.rated_plan))
     requested = step.requested_plan or {}
     if requested.get("profile") == "linux_sandbox" and requested.get("mode") == "strict":
         return SANDBOX_QUEUE
     return DEFAULT_QUEUE
+
+
+def bind_rated_plans(run_id: int, decision: dict) -> None:
+    """Each shell step keeps the effective plan the policy rated it on
+    (``Step.rated_plan``): it runs only on a host that gives it that plan or
+    a stronger one (``queue_for`` and ``weaker_than_rated``)."""
+    bind_rated_plans_of(list(Step.objects.filter(run_id=run_id).only("pk", "step_id")), decision)
+
+
+def bind_rated_plans_of(steps: list[Step], decision: dict) -> None:
+    """``bind_rated_plans`` for these steps (copies an approver edited, say):
+    set on them and stored."""
+    plans = {row["id"]: row.get("rated_plan") for row in decision["steps"]}
+    bound = [step for step in steps if plans.get(step.step_id)]
+    for step in bound:
+        step.rated_plan = plans[step.step_id]
+    Step.objects.bulk_update(bound, ["rated_plan"])
+
+
+def rated_part(plan: dict) -> dict:
+    """What of an effective plan decides what a step can reach, without the
+    host's name or the uid's number (which differ from host to host and do
+    not change what it can reach): the part an approval binds to."""
+    uid = plan.get("uid")
+    return {"profile": plan.get("profile"), "namespaces": bool(plan.get("namespaces")),
+            "network": plan.get("network"), "filesystem": plan.get("filesystem"),
+            "uid": None if uid is None else (0 if uid == 0 else "own"), "limits": plan.get("limits") or {},
+            "downgrades": plan.get("downgrades") or []}
+
+
+def best_plan(step: Step) -> dict:
+    """The plan the policy rates ``step`` on: this host's effective plan, or,
+    when this host would downgrade it, the strongest one a host seen lately
+    would give it (the step is then routed there by ``queue_for``), so a
+    default step is contained as well as the deployment can contain it.
+    Raises EnvelopeError as ``resolve_step_plan`` does."""
+    own = resolve_step_plan(step)
+    if not own.get("downgrades"):
+        return own
+    best = own
+    recent = time.time() - HOST_SEEN_WITHIN_S
+    for row in HostCapacity.objects.exclude(host=current_host()).only("host", "capabilities", "last_seen"):
+        if row.last_seen is None or row.last_seen.timestamp() < recent:
+            continue
+        try:
+            plan = resolve_step_plan(step, manifest=row.capabilities or {})
+        except EnvelopeError:
+            continue
+        if plan_strength(plan) > plan_strength(best):
+            best = plan
+    return best
+
+
+def plan_strength(plan: dict) -> tuple[int, int, int, int]:
+    return (_profile_strength(plan), _NETWORK_STRENGTH.get(plan.get("network"), 0),
+            int(plan.get("filesystem") == "workspace"), int(plan.get("uid") not in (None, 0)))
+
+
+# A host seen this lately (its worker's start, or a ledger heal every few
+# seconds) is taken to be up.
+HOST_SEEN_WITHIN_S = 120.0
+
+# How contained each value of a plan's field is: higher is stronger.
+_NETWORK_STRENGTH = {"none": 2, "loopback": 2, "internet": 1}
+
+
+def _profile_strength(plan: dict) -> int:
+    if plan.get("profile") == "linux_sandbox":
+        return 2
+    return 1 if plan.get("profile") == "process" and plan.get("namespaces") else 0
+
+
+def weaker_than_rated(plan: dict, rated: dict) -> list[str]:
+    """How the effective ``plan`` this host would run is weaker than the one
+    the policy rated (and a human may have approved): empty when it is not."""
+    if not rated:
+        return []
+    weaker = []
+    if _profile_strength(plan) < _profile_strength(rated):
+        weaker.append(f"profile {plan.get('profile')}{' without namespaces' if plan.get('profile') == 'process' else ''}"
+                      f" instead of {rated.get('profile')}")
+    if _NETWORK_STRENGTH.get(plan.get("network"), 0) < _NETWORK_STRENGTH.get(rated.get("network"), 0):
+        weaker.append(f"network {plan.get('network')} instead of {rated.get('network')}")
+    if plan.get("filesystem") != "workspace" and rated.get("filesystem") == "workspace":
+        weaker.append(f"filesystem {plan.get('filesystem')} instead of the workspace")
+    if rated.get("uid") not in (None, 0) and plan.get("uid") in (None, 0):
+        weaker.append("the worker's own uid instead of a uid of its own")
+    for name, limit in (rated.get("limits") or {}).items():
+        have = (plan.get("limits") or {}).get(name)
+        if limit is not None and (have is None or have > limit):
+            weaker.append(f"limit {name} {have} instead of {limit}")
+    return weaker
 
 
 def resolve_step_plan(step: Step, *, manifest: dict | None = None) -> dict:

@@ -26,7 +26,7 @@ from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import ChannelError, OperationalError
 
-from runs.dataplane import DEFAULT_QUEUE, SANDBOX_QUEUE, can_sandbox, host_queue
+from runs.dataplane import DEFAULT_QUEUE, capability_queues, host_capabilities, host_queue
 from runs.models import Dispatch, Step
 from runtime.forkserver import ShimLink
 
@@ -68,7 +68,7 @@ class Claim:
     spare: ShimLink | None = field(default=None, compare=False)
 
     def runnable_here(self) -> bool:
-        return self.queue == DEFAULT_QUEUE or (self.queue == SANDBOX_QUEUE and can_sandbox())
+        return self.queue == DEFAULT_QUEUE or self.queue in capability_queues(host_capabilities())
 
 
 def _send(task: str, args: tuple, *, queue: str | None = None, countdown: float | None = None,

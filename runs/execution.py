@@ -30,6 +30,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -39,9 +40,12 @@ from structlog.contextvars import bind_contextvars
 from runs.audit import audit
 from runs.closing import run_close
 from runs.dataplane import (
+    HOST_SEEN_WITHIN_S,
     current_host,
     hand_over_reservation,
+    host_capabilities,
     new_handle_id,
+    plan_needs,
     queue_for,
     reattach,
     release_reservation,
@@ -50,6 +54,7 @@ from runs.dataplane import (
     run_tool,
     wait_for_slot,
     warm_shim,
+    weaker_than_rated,
 )
 from runs.dispatch import Claim, enqueue_claims, enqueue_settle
 from runs.errors import ErrorCode, error_envelope
@@ -63,6 +68,7 @@ from runs.transitions import TraceRecord, lock_run, run_transition
 from runtime import statements
 from runtime.envelopes import EnvelopeError
 from runtime.forkserver import ShimLink
+from runtime.models import HostCapacity
 
 S = RunState
 logger = logging.getLogger(__name__)
@@ -108,7 +114,7 @@ def executing_started(run: Run) -> None:
 # What settle reads of every step of the run, each time: results and
 # effective plans are the bulk of a row (a failure loads its result).
 SETTLE_STEP_FIELDS = ("id", "run_id", "step_id", "tool", "params", "depends_on", "timeout_s", "retries", "status",
-                      "run_status", "attempt", "handle_id", "requested_plan")
+                      "run_status", "attempt", "handle_id", "requested_plan", "rated_plan")
 
 
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
@@ -194,9 +200,10 @@ def _local_plan(step: Step) -> dict | None:
     if not Claim(step.pk, 1, queue_for(step)).runnable_here():
         return None
     try:
-        return resolve_step_plan(step)
+        plan = resolve_step_plan(step)
     except EnvelopeError:
         return None  # refused here: the task path records the refusal
+    return None if weaker_than_rated(plan, step.rated_plan) else plan
 
 
 def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bool, handover: str,
@@ -249,6 +256,20 @@ def _dispatch(run: Run, ready: list[Step], events: list[Event], *, claim_one: bo
     return claim, claims
 
 
+def hand_to_capable_host(step: Step, attempt: int) -> bool:
+    """Send ``step``'s attempt to the queue of the hosts that can honour its
+    rated plan, when another such host has been seen lately; False when none
+    has (the caller then refuses the step)."""
+    needs = plan_needs(step.rated_plan)
+    recent = timezone.now() - timedelta(seconds=HOST_SEEN_WITHIN_S)
+    others = HostCapacity.objects.filter(last_seen__gte=recent).exclude(host=current_host())
+    if not any(needs <= host_capabilities(row.capabilities or {}) for row in others):
+        return False
+    logger.warning("step %s: this host would run it weaker than rated; handed to %s", step.pk, queue_for(step))
+    enqueue_claims([Claim(step.pk, attempt, queue_for(step))], countdown=1.0)
+    return True
+
+
 def _cancel_queued(run: Run, in_flight: list[Step]) -> None:
     """Accepted attempts that have not started (queued, or waiting out a
     retry backoff) are cancelled here; their task finds the claim gone."""
@@ -287,6 +308,15 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: li
             step.effective_plan = resolve_step_plan(step)
         except EnvelopeError as exc:  # strict request this host cannot honour: refused before anything runs
             step.effective_plan, plan_error = {}, exc.envelope
+        if plan_error is None and (weaker := weaker_than_rated(step.effective_plan, step.rated_plan)):
+            # Never weaker than what was rated (and maybe approved): another host, or not at all.
+            if step.run.state == S.EXECUTING and timezone.now() < step.run.deadline and hand_to_capable_host(
+                    step, attempt):
+                return None
+            plan_error = error_envelope(
+                ErrorCode.DENIED, f"this host would run the step weaker than the plan it was rated on "
+                f"({'; '.join(weaker)}) and no other host that can honour that plan is up", source="executor",
+                details={"weaker": weaker, "needs": sorted(plan_needs(step.rated_plan)), "host": current_host()})
         if plan_error is None and step.run.state == S.EXECUTING and timezone.now() < step.run.deadline:
             held, plan_error = _hold_slot(step, attempt)
             if not held and plan_error is None:

@@ -15,6 +15,7 @@ from approvals.models import ApprovalRequest
 from runs.audit import audit
 from runs.closing import run_cancel_awaiting_approval, run_close
 from runs.context import assemble_context
+from runs.dataplane import bind_rated_plans
 from runs.dispatch import Claim, enqueue_approval_expiry
 from runs.errors import ExecGoError
 from runs.execution import executing_started, run_settle
@@ -106,10 +107,13 @@ def _check_policy(run: Run) -> None:
         with transaction.atomic():
             # Persisted before waiting: execution resumes from it after approval.
             Run.objects.filter(pk=run.pk).update(context={**run.context, "policy": decision.data})
+            bind_rated_plans(run.pk, decision.data)  # before the request: its digest binds them
             run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
             _request_approval(run, decision.data)
     else:
-        run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+        with transaction.atomic():
+            bind_rated_plans(run.pk, decision.data)
+            run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
 
 
 def _request_approval(run: Run, decision: dict) -> None:

@@ -70,7 +70,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from runs.dataplane import resolve_step_plan, routed_plan
+from runs.dataplane import best_plan, rated_part, routed_plan
 from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
 from runs.plan_schema import KNOWN_TOOLS, validate_plan
@@ -343,9 +343,10 @@ def _worker_is_root() -> bool:
 
 
 def step_baseline(step: Step) -> dict:
-    """The baseline of ``step`` from the plan this host would run it with."""
+    """The baseline of ``step`` from the plan it will run with: this host's,
+    or a stronger one another host gives it (``runs.dataplane.best_plan``)."""
     try:
-        plan = resolve_step_plan(step)
+        plan = best_plan(step)
     except EnvelopeError as exc:
         # A strict sandbox step runs only on hosts that have the sandbox: rate
         # the plan it gets there, not this host's refusal.
@@ -357,7 +358,8 @@ def step_baseline(step: Step) -> dict:
             check = _check("plan", None, RiskLevel.HIGH, f"the execution plan cannot be resolved on this host "
                                                          f"({exc.envelope['message']}): what it can reach is unknown")
             return {"risk": str(RiskLevel.HIGH), "checks": [check], "plan": None}
-    return plan_baseline(plan, worker_is_root=_worker_is_root())
+    # The plan rated, for the step to be bound to (taken off by evaluate_policy).
+    return {**plan_baseline(plan, worker_is_root=_worker_is_root()), "rated_plan": rated_part(plan)}
 
 
 def baseline_reasons(baseline: dict) -> list[str]:
@@ -531,13 +533,14 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
         reasons, risks, extra = [], [], {}
         if step.tool == "shell":
             baseline = step_baseline(step)
+            rated_plan = baseline.pop("rated_plan", None)
             risks.append(baseline["risk"])
             reasons.extend(baseline_reasons(baseline))
             seen = list(dict.fromkeys(signal for _, one in read_as if one for signal in one.signals))
             signals = [{"signal": kind, "risk": str(RiskLevel.MEDIUM), "detail": detail} for kind, detail in seen]
             risks.extend(signal["risk"] for signal in signals)
             reasons.extend(f"{signal['signal']}: {signal['detail']}" for signal in signals)
-            extra = {"baseline": baseline,
+            extra = {"baseline": baseline, "rated_plan": rated_plan,
                      "parsed": {"commands": parsed.texts() if parsed else [], "signals": signals}}
             if counterpart is not None:
                 extra["parsed"]["stdin_program"] = parsed.stdin_program

@@ -154,7 +154,7 @@ def resend_run_work(run: Run, *, age: timedelta) -> bool:
         queued = []
         if run.state == S.EXECUTING:
             queued = list(Step.objects.filter(run_id=run.pk, run_status=StepRunStatus.ACCEPTED)
-                          .only("pk", "step_id", "attempt", "tool", "requested_plan"))
+                          .only("pk", "step_id", "attempt", "tool", "requested_plan", "rated_plan"))
             enqueue_claims([Claim(step.pk, step.attempt, queue_for(step)) for step in queued])
         enqueue_advance(run.pk, durable=True)
         audit(AuditEvent.WORK_RESENT, run_id=run.pk, tenant_id=run.tenant_id, caller="zombie sweeper",

@@ -17,7 +17,7 @@ from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
 
-from runs.dataplane import SANDBOX_QUEUE, can_sandbox, current_host, host_queue
+from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
 from runs.deadlines import scan_deadlines
 from runs.dispatch import enqueue_heal, relay_dispatches
 from runs.execution import execute_claims, run_settle, step_execute, step_reattach
@@ -103,10 +103,11 @@ def deliver_webhook(self, delivery_id: int) -> None:
 @celeryd_after_setup.connect
 def _consume_host_queues(sender, instance, **kwargs):
     """Every worker also consumes its host's queue (re-attachment), and the
-    sandbox queue when this host can run the linux_sandbox profile."""
+    capability queue of every set of capabilities this host has (a step goes
+    to the queue of what its rated plan needs, ``dataplane.queue_for``)."""
     instance.app.amqp.queues.select_add(host_queue(current_host()))
-    if can_sandbox():
-        instance.app.amqp.queues.select_add(SANDBOX_QUEUE)
+    for queue in capability_queues(host_capabilities()):
+        instance.app.amqp.queues.select_add(queue)
 
 
 @worker_ready.connect

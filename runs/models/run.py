@@ -273,6 +273,9 @@ class Step(models.Model):
     host = models.CharField(max_length=200, blank=True)
     progress = models.PositiveSmallIntegerField(null=True, blank=True)
     requested_plan = models.JSONField(default=dict, blank=True)
+    # The effective plan POLICY_CHECK rated (and a human may have approved):
+    # no host runs the step weaker (runs.dataplane.weaker_than_rated).
+    rated_plan = models.JSONField(default=dict, blank=True)
     effective_plan = models.JSONField(default=dict, blank=True)
     result = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -467,7 +467,12 @@ def test_trace_shape(seeded_policy, run_with):
     assert [set(entry) for entry in decision.data["matched_rules"]] == [{"rule", "id", "outcome", "reason", "step"}] * 2
     shell_row, http_row = decision.data["steps"]
     assert http_row == {"id": "s1", "tool": "http", "risk": "low", "reasons": ["http-read: " + SEEDED["http-read"][7]]}
-    assert set(shell_row) == {"id", "tool", "risk", "reasons", "baseline", "parsed"}
+    assert set(shell_row) == {"id", "tool", "risk", "reasons", "baseline", "rated_plan", "parsed"}
+    # What the step is bound to: the plan rated, without the host's name or the uid's number.
+    assert shell_row["rated_plan"] == {"profile": "linux_sandbox", "namespaces": False, "network": "none",
+                                       "filesystem": "workspace", "uid": "own", "limits": shell_row["rated_plan"]["limits"],
+                                       "downgrades": []}
+    assert shell_row["rated_plan"]["limits"]["processes"] == 64
     assert (shell_row["id"], shell_row["risk"]) == ("s0", "high")
     assert shell_row["reasons"][1:] == ["shell-package-install: " + SEEDED["shell-package-install"][7]]
     assert shell_row["baseline"]["risk"] == "low"

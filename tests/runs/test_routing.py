@@ -1,7 +1,9 @@
-"""Workers announce their host and capabilities; a step that needs
-linux_sandbox only goes to a host that has it. Two workers with different
-host names on one machine demonstrate this: "plain-host" is told its
-bubblewrap is at a path where there is none, "boxed-host" has the real one.
+"""Workers announce their host and capabilities; a step runs only on a host
+that can honour the plan the policy rated it on: a step rated in
+linux_sandbox (a strict request, and a default step rated where bubblewrap
+works) never runs on a host without it. Two workers with different host
+names on one machine demonstrate this: "plain-host" is told its bubblewrap
+is at a path where there is none, "boxed-host" has the real one.
 """
 
 import io
@@ -17,7 +19,16 @@ from django.conf import settings
 from django.core.management import call_command
 from django.test import override_settings
 
-from runs.dataplane import SANDBOX_QUEUE, host_queue, new_handle_id
+from runs.dataplane import (
+    SANDBOX_QUEUE,
+    capability_queue,
+    capability_queues,
+    host_queue,
+    new_handle_id,
+    plan_needs,
+    rated_part,
+    weaker_than_rated,
+)
 from runs.execution import step_execute
 from runs.models import Run, Step
 from runtime import forkserver, layout
@@ -30,6 +41,7 @@ from tests.conftest import ROOT, WorkerProcess, log_tails, purge_broker, stop_wo
 PLAIN, BOXED = "plain-host", "boxed-host"
 NO_BWRAP = "/nonexistent/bwrap"
 STRICT_SANDBOX = {"profile": "linux_sandbox", "mode": "strict"}
+PROCESS = {"profile": "process"}
 
 
 def one_step(script: str, sandbox: dict | None = None) -> dict:
@@ -56,7 +68,7 @@ def test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap(api):
                    what="both hosts' ledger rows")
         announced = {row.host: row.capabilities for row in HostCapacity.objects.filter(host__in=[PLAIN, BOXED])}
 
-        submitted: dict[str, list[int]] = {"sandboxed": [], "anywhere": []}
+        submitted: dict[str, list[int]] = {"sandboxed": [], "anywhere": [], "by-default": []}
 
         def submit(kind: str, plan: dict) -> int:
             response = api.post("/api/v1/runs", {"title": kind, "plan": plan}, format="json")
@@ -64,13 +76,14 @@ def test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap(api):
             submitted.setdefault(kind, []).append(response.json()["id"])
             return response.json()["id"]
 
-        # Default-profile steps take a second each, so that with two pool
+        # Process-profile steps take a second each, so that with two pool
         # processes per worker both workers must take some of them.
         for index in range(6):
-            submit("anywhere", one_step(f"sleep 1; echo anywhere-{index}"))
+            submit("anywhere", one_step(f"sleep 1; echo anywhere-{index}", PROCESS))
             submit("sandboxed", one_step(f"echo boxed-{index}; id -u", STRICT_SANDBOX))
+            submit("by-default", one_step(f"echo default-{index}"))  # rated here, where bubblewrap works
         escape_sandboxed = submit("escape", one_step(f"echo escaped > {outside}/from-sandbox", STRICT_SANDBOX))
-        escape_process = submit("escape", one_step(f"echo escaped > {outside}/from-process"))
+        escape_process = submit("escape", one_step(f"echo escaped > {outside}/from-process", PROCESS))
 
         runs = {run_id: wait_for_run(run_id, timeout=120) for ids in submitted.values() for run_id in ids}
     finally:
@@ -90,6 +103,8 @@ def test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap(api):
         assert f".> {host_queue(PLAIN)} " in plain_log and f".> {host_queue(BOXED)} " in boxed_log
         assert f".> {SANDBOX_QUEUE} " not in plain_log
         assert f".> {SANDBOX_QUEUE} " in boxed_log
+        namespaces = capability_queue(frozenset({"namespaces"}))
+        assert f".> {namespaces} " in plain_log and f".> {namespaces} " in boxed_log
 
         for index, run_id in enumerate(submitted["sandboxed"]):
             step = steps[run_id]
@@ -101,12 +116,22 @@ def test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap(api):
             assert (plan["network"], plan["host"], plan["downgrades"]) == ("none", BOXED, [])
             assert step.result["output"]["stdout"].startswith(f"boxed-{index}\n")
 
+        # Rated in the sandbox (where the policy rated them, bubblewrap works):
+        # never run on the host without it, though it would have taken them.
+        for index, run_id in enumerate(submitted["by-default"]):
+            step = steps[run_id]
+            assert (runs[run_id].state, step.status) == ("SUCCEEDED", "success"), (run_id, step.result)
+            assert step.rated_plan["profile"] == "linux_sandbox"
+            assert (step.host, step.effective_plan["profile"]) == (BOXED, "linux_sandbox")
+            assert step.result["output"]["stdout"] == f"default-{index}\n"
+
         hosts = set()
         for index, run_id in enumerate(submitted["anywhere"]):
             step = steps[run_id]
             assert (runs[run_id].state, step.status) == ("SUCCEEDED", "success"), (run_id, step.result)
-            # Contained by default: the strongest profile of the host that ran it.
-            assert step.effective_plan["profile"] == ("linux_sandbox" if step.host == BOXED else "process")
+            # Rated as the contained process profile: any host that has its namespaces runs it.
+            assert step.rated_plan["profile"] == "process" and step.rated_plan["namespaces"] is True
+            assert (step.effective_plan["profile"], step.effective_plan["namespaces"]) == ("process", True)
             assert step.effective_plan["network"] == "none"
             assert step.effective_plan["host"] == step.host
             assert step.result["output"]["stdout"] == f"anywhere-{index}\n"
@@ -186,3 +211,56 @@ def test_worker_host_settings_come_from_the_environment():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["env-host", NO_BWRAP, 7]
+
+
+@pytest.mark.django_db
+def test_a_host_that_would_run_a_step_weaker_than_it_was_rated_refuses_it(make_run):
+    """A default step rated (and maybe approved) in the sandbox, delivered to
+    a host without bubblewrap: with no other host up that has it, the step
+    fails with ``denied`` and says why, before anything runs; the adaptive
+    default never quietly becomes the process profile there."""
+    run = make_run("EXECUTING")
+    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"script": "touch ran"},
+                               timeout_s=10)
+    rated = rated_part(resolve_plan({}, mode=None, uid_key=step.pk))
+    assert rated["profile"] == "linux_sandbox"
+    handle = new_handle_id(step, 1)
+    Step.objects.filter(pk=step.pk).update(run_status="accepted", attempt=1, handle_id=handle, rated_plan=rated)
+    try:
+        with override_settings(EXECGO_BWRAP_PATH=NO_BWRAP, EXECGO_HOST_NAME="bare-host"):
+            assert capability_manifest(refresh=True)["bubblewrap"]["available"] is False
+            assert step_execute(step.pk, 1) is None
+    finally:
+        capability_manifest(refresh=True)
+    step.refresh_from_db()
+    assert (step.status, step.run_status, step.host) == ("failed", "failed", "bare-host")
+    error = step.result["error"]
+    assert (error["code"], error["source"]) == ("denied", "executor")
+    assert "weaker than the plan it was rated on (profile process" in error["message"]
+    assert error["details"]["needs"] == ["bubblewrap"]
+    assert not layout.task_dir(handle).exists()
+    assert Run.objects.get(pk=run.pk).state == "CLOSED_FAILED"
+
+
+def test_what_counts_as_weaker_than_the_rated_plan():
+    rated = {"profile": "linux_sandbox", "namespaces": False, "network": "none", "filesystem": "workspace",
+             "uid": "own", "limits": {"processes": 64, "cpu_seconds": 600}}
+    same = {**rated, "uid": 1000007, "host": "elsewhere"}
+    assert weaker_than_rated(same, rated) == []
+    assert weaker_than_rated({**same, "limits": {"processes": 32, "cpu_seconds": 60}}, rated) == []  # tighter
+    process = {**same, "profile": "process", "namespaces": True}
+    assert weaker_than_rated(process, rated) == ["profile process without namespaces instead of linux_sandbox"]
+    assert weaker_than_rated({**same, "network": "internet"}, rated) == ["network internet instead of none"]
+    assert weaker_than_rated({**same, "filesystem": "host"}, rated) == ["filesystem host instead of the workspace"]
+    assert weaker_than_rated({**same, "uid": None}, rated) == ["the worker's own uid instead of a uid of its own"]
+    assert weaker_than_rated({**same, "limits": {"processes": None, "cpu_seconds": 600}}, rated) == [
+        "limit processes None instead of 64"]
+    # A stronger plan than the rated one is not weaker; no rated plan binds nothing.
+    assert weaker_than_rated(same, {**rated, "profile": "process", "namespaces": True}) == []
+    assert weaker_than_rated(process, {}) == []
+    assert (plan_needs(rated), plan_needs({**rated, "network": "internet"})) == (
+        frozenset({"bubblewrap"}), frozenset({"bubblewrap", "pasta"}))
+    assert capability_queue(frozenset({"bubblewrap"})) == SANDBOX_QUEUE
+    assert capability_queue(frozenset()) == "celery"
+    assert sorted(capability_queues(frozenset({"bubblewrap", "namespaces"}))) == sorted(
+        [SANDBOX_QUEUE, "execgo.needs.namespaces", "execgo.needs.bubblewrap+namespaces"])
