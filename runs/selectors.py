@@ -139,9 +139,10 @@ def run_detail_for(user, run_id: int) -> RunDetail | None:
     traces = list(run.traces.select_related("step").order_by("id"))
     for trace in traces:
         trace.stage = _stage_of(trace.to_state)
+    steps = list(run.steps.order_by("position"))
     return RunDetail(
         run=run,
-        steps=list(run.steps.order_by("position")),
+        steps=steps,
         transitions=[t for t in traces if t.kind == TraceKind.TRANSITION],
         policy_decisions=[t for t in traces if t.kind == TraceKind.POLICY_DECISION],
         hitl_decisions=[t for t in traces if t.kind == TraceKind.HITL_DECISION],

@@ -38,7 +38,8 @@ def _create_run(*, job: Job, tenant: Tenant, user: Any, title: str, planner: str
                 callback_events: list[str] | None = None) -> Run:
     now = timezone.now()
     run = Run.objects.create(
-        job=job, tenant=tenant, submitted_by=user, title=title, planner=planner, plan=plan, goal=goal,
+        job=job, tenant=tenant, submitted_by=user, title=title, planner=planner, plan=plan, submitted_plan=plan,
+        goal=goal,
         timeout_s=timeout_s,
         approval_timeout_s=approval_timeout_s, idempotency_key=idempotency_key, retry_of=retry_of,
         idempotency_fingerprint=idempotency_fingerprint, callback_url=callback_url,

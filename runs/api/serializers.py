@@ -150,7 +150,7 @@ class StepSerializer(serializers.ModelSerializer):
     class Meta:
         model = Step
         fields = ["id", "tool", "depends_on", "status", "run_status", "handle_id", "attempt", "host", "progress",
-                  "requested_plan", "effective_plan", "started_at", "finished_at", "result"]
+                  "requested_plan", "rated_plan", "effective_plan", "started_at", "finished_at", "result"]
         read_only_fields = fields
 
 
@@ -166,8 +166,8 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Run
-        fields = ["id", "job", "title", "state", "closing_cause", "retry_of", "planner", "goal", "plan", "timeout_s",
-                  "approval_timeout_s", "callback_url", "callback_events",
+        fields = ["id", "job", "title", "state", "closing_cause", "retry_of", "planner", "goal", "plan",
+                  "submitted_plan", "timeout_s", "approval_timeout_s", "callback_url", "callback_events",
                   "cancel_requested_at", "created_at", "last_state_change_at", "finished_at", "steps",
                   "allowed_actions"]
         read_only_fields = fields

@@ -83,7 +83,7 @@ CALLBACK_EVENTS = ("final", "awaiting_human")
 class Run(ConcurrentTransitionMixin, models.Model):
     # The plan and the assembled context are the bulk of a row: the state
     # machine's reads leave them out, and the stage that needs one loads it.
-    BULKY_FIELDS = ("plan", "context")
+    BULKY_FIELDS = ("plan", "submitted_plan", "context")
 
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="runs")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="runs")
@@ -98,7 +98,10 @@ class Run(ConcurrentTransitionMixin, models.Model):
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
     planner = models.CharField(max_length=20, default="static")
     goal = models.TextField(blank=True)  # what the llm planner turns into a plan
+    # What will run: the agent's plan, the llm planner's, or either as an approver edited it.
     plan = models.JSONField(default=dict, blank=True)
+    # The plan as the agent submitted it, kept beside ``plan`` (empty for the llm planner: the goal is what it sent).
+    submitted_plan = models.JSONField(default=dict, blank=True)
     timeout_s = models.PositiveIntegerField()
     approval_timeout_s = models.PositiveIntegerField()
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)

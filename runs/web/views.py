@@ -27,6 +27,7 @@ from runs.selectors import (
 )
 from runs.services import run_cancel, run_retry
 from runs.statemachine import RunState
+from runs.web.versions import plan_versions
 
 PAGE_SIZE = 50
 LOG_CHUNK_BYTES = 64 * 1024
@@ -74,8 +75,9 @@ def run_detail(request, run_id: int):
     if detail is None:
         raise Http404("no such run")
     template = "runs/detail.html#live" if request.GET.get("fragment") == "live" else "runs/detail.html"
+    versions = [] if request.GET.get("fragment") == "live" else plan_versions(detail.run, detail.steps)
     return render(request, template, {"detail": detail, "run": detail.run, "live_after": cursor,
-                                      "nav": "runs"})
+                                      "versions": versions, "nav": "runs"})
 
 
 @login_required

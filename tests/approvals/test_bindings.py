@@ -108,3 +108,8 @@ def test_an_edit_that_raises_the_quorum_needs_another_approver_and_the_edited_pl
     step = finished.steps.get()
     assert step.params["argv"] == ["echo", "deploy", "prod"]
     assert step.result["output"]["stdout"] == "deploy prod\n"
+    # The API's plan is what ran; what the agent sent is kept beside it.
+    body = token_client(agent).get(f"/api/v1/runs/{run.pk}").json()
+    assert body["plan"]["steps"][0]["params"]["argv"] == ["echo", "deploy", "prod"]
+    assert body["submitted_plan"]["steps"][0]["params"]["argv"] == ["echo", "pip", "install", "all"]
+    assert body["steps"][0]["rated_plan"]["profile"] == body["steps"][0]["effective_plan"]["profile"]

@@ -119,6 +119,15 @@ def test_approve_with_an_edited_argv_runs_the_edited_command(page, celery_worker
     assert body["plan"]["steps"][0]["params"]["argv"] == ["echo", "narrowed"]
     page.goto(f"/runs/{run_id}/")
     expect(page.locator("#approval-title + *")).to_contain_text("edited by alice")
+    # Proposed, approved and executed side by side: the edit is marked, and what ran is what was approved.
+    cells = page.locator("#plan-versions tr[data-step=install] td")
+    proposed, approved, executed = (cells.nth(index).locator("pre").inner_text() for index in range(3))
+    assert proposed.startswith("argv ['echo', 'pip', 'install', 'everything']")
+    assert approved.startswith("argv ['echo', 'narrowed']")
+    assert executed.split("\n")[0] == approved.split("\n")[0]
+    assert "plan linux_sandbox, network none, filesystem workspace" in executed
+    assert cells.nth(1).get_attribute("class") == "changed"
+    screenshot(page, "run-plan-versions")
 
 
 def test_a_view_that_went_stale_is_told_live_and_its_decision_refused(browser, live_web, seeded_policy,
