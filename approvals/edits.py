@@ -81,8 +81,9 @@ def apply_edit(request: ApprovalRequest, run: Run, original: list[Step], edited:
     changed = [step for step, before in zip(edited, original) if step.params != before.params]
     for step in changed:
         Step.objects.filter(pk=step.pk).update(params=step.params)
+    params = {step.step_id: step.params for step in edited}
     Run.objects.filter(pk=run.pk).update(plan={"steps": [
-        {**entry, "params": next(s.params for s in edited if s.step_id == entry["id"])}
+        {**entry, "params": params.get(entry.get("id"), entry.get("params"))}
         for entry in (run.plan or {}).get("steps", [])
     ]} if run.planner == "static" else run.plan)
     bind_rated_plans_of(edited, decision.data)  # the edited plan as rated is what the digest binds

@@ -4,8 +4,8 @@ PostgreSQL + Redis with a real Celery worker process.
 
     .venv/bin/python bench/bench_approval_latency.py [--repeat 20]
 
-Each sample submits a run the seeded policy rates high (its first step is
-`echo pip install …`, harmless), waits for its approval request, then
+Each sample submits a run a rule of the bench's own rates high (its first
+step is `echo pip install …`, harmless), waits for its approval request, then
 POSTs /api/v1/approvals/<id>/approve as an approver (what the page's button
 does through the same service) and reads the first step's started_at.
 """
@@ -63,6 +63,13 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     importlib.import_module("runs.migrations.0003_seed_policy").seed_policy(apps, None)
+    # The seeded rules read the parsed command (echo): this one rates the harmless step high, as the tests' does.
+    from runs.models import PolicyRule
+    from runs.policy import policy_rule_save
+    if not PolicyRule.objects.filter(name="bench-echo-pip-install").exists():
+        policy_rule_save(PolicyRule(name="bench-echo-pip-install", tool="shell", field="words",
+                                    pattern=r"^echo pip install", outcome="high", priority=1,
+                                    reason="stands for a package install in the bench"))
     app.control.purge()
     tenant, _ = Tenant.objects.get_or_create(name="bench-approval")
     agent, _ = User.objects.get_or_create(username="bench-approval-agent")

@@ -89,3 +89,23 @@ def test_a_program_on_stdin_longer_than_the_command_cap_is_denied_as_a_script_wo
     fed, _ = _rating(tenant, {"argv": ["sh"], "stdin": "echo " + "x" * 200})
     written, _ = _rating(tenant, {"script": "echo " + "x" * 200})
     assert fed == written == RiskLevel.DENY
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("tool", "params"), [
+    ("shell", {"argv": ["wc", "-l"], "stdin": "x" * 70_000}),
+    ("http", {"method": "POST", "url": "https://api.example.com/", "body": {"blob": "x" * 70_000}}),
+    ("file", {"op": "write", "path": "big.txt", "content": "x" * 70_000}),
+])
+def test_a_text_too_large_to_review_rates_its_step_at_least_high(seeded_policy, tenant, settings, tool, params):
+    settings.EXECGO_BUDGET_MAX_COMMAND_CHARS = 1_000_000
+    plan = {"steps": [{"id": "s0", "tool": tool, "params": params,
+                       **({"sandbox": SANDBOXED} if tool == "shell" else {})}]}
+    row = policy_dry_run(plan=plan, tenant=tenant).data["steps"][0]
+    assert RISK_ORDER[row["risk"]] >= RISK_ORDER[RiskLevel.HIGH]
+    assert any(reason.startswith("too large to review: its ") for reason in row["reasons"]), row["reasons"]
+    small = {key: (value[:100] if isinstance(value, str) and len(value) > 1000 else value) for key, value in params.items()}
+    if tool == "http":
+        small["body"] = {"blob": "x"}
+    small_row = policy_dry_run(plan={"steps": [{**plan["steps"][0], "params": small}]}, tenant=tenant).data["steps"][0]
+    assert not any(reason.startswith("too large to review") for reason in small_row["reasons"])

@@ -707,3 +707,20 @@ def test_the_schema_documents_the_reject_body_without_edits(alice):
 
     assert "edits" in body_properties("/api/v1/approvals/{request_id}/approve")
     assert body_properties("/api/v1/approvals/{request_id}/reject") == {"comment", "digest"}
+
+
+def test_the_edit_form_changes_only_the_fields_the_approver_changed(high_risk, alice):
+    """A browser posts every field of the form, untouched ones as rendered
+    (with CRLF line ends): only the changed step becomes an edit."""
+    client, _ = csrf_page(alice, high_risk)
+    html = client.get(f"/approvals/{high_risk.pk}/").content.decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
+    response = client.post(f"/approvals/{high_risk.pk}/approve-edited", {
+        "csrfmiddlewaretoken": csrf, "digest": high_risk.action_digest, "comment": "",
+        "edit-0-argv": "echo\r\nhi", "edit-1-argv": "pip\r\ninstall\r\n--user\r\nrequests==2.32.4\r\n"})
+    assert response.status_code == 302
+    decision = Decision.objects.get(request=high_risk)
+    assert decision.edits == {"s1": {"argv": ["pip", "install", "--user", "requests==2.32.4"]}}
+    high_risk.refresh_from_db()
+    assert [row.get("edited") for row in high_risk.steps] == [False, True]
+    assert decision.digest == high_risk.action_digest
