@@ -328,8 +328,9 @@ class RunAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
         ("State", {"fields": ("state", "previous_state", "closing_cause", "created_at", "last_state_change_at",
                               "executing_started_at", "finished_at")}),
         ("Cancellation", {"fields": ("cancel_requested_at", "cancel_requested_by")}),
-        ("Plan", {"fields": ("planner", "goal", "plan", "timeout_s", "approval_timeout_s", "idempotency_key",
-                             "context")}),
+        ("Plan", {"fields": ("planner", "goal", "plan", "submitted_plan", "timeout_s", "approval_timeout_s",
+                             "idempotency_key", "context")}),
+        ("Sweeper", {"fields": ("resends", "resent_at")}),
         ("Callback", {"fields": ("callback_url", "callback_events")}),
     )
     # Spelled out, not only implied by the missing change permission, so that
