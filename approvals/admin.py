@@ -59,14 +59,11 @@ class ApprovalRequestAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin)
                                                                 f"{len(approvals)} request(s)?",
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME})
         comment = request.POST.get("comment", "").strip()[:2000]
-        if not approve and not comment:
-            self.message_user(request, "A rejection needs a reason.", messages.ERROR)
-            return None
         for approval in approvals:
             try:
                 outcome = approval_decide(request=approval, actor=request.user, approve=approve,
                                           digest=request.POST.get(f"digest-{approval.pk}", ""),
-                                          comment=comment or "decided in the admin")
+                                          comment=comment or ("decided in the admin" if approve else ""))
             except ExecGoError as exc:
                 self.message_user(request, f"request {approval.pk}: {exc.envelope['message']}", messages.ERROR)
             else:

@@ -98,8 +98,6 @@ class ApprovalDecideView(APIView):
         approval = _request_or_404(request, request_id)
         body = (ApproveSerializer if self.approve else CommentSerializer)(data=request.data)
         body.is_valid(raise_exception=True)
-        if not self.approve and not body.validated_data["comment"].strip():
-            raise ValidationError({"comment": ["a rejection needs a reason"]})
         outcome = approval_decide(request=approval, actor=request.user, approve=self.approve,
                                   digest=body.validated_data["digest"], comment=body.validated_data["comment"].strip(),
                                   edits=body.validated_data.get("edits") or None)

@@ -30,7 +30,7 @@ from approvals.models import (
 from runs.audit import audit
 from runs.closing import run_close
 from runs.dispatch import enqueue_advance
-from runs.errors import ConflictError, DeniedError, ErrorCode, error_envelope
+from runs.errors import ConflictError, DeniedError, ErrorCode, ExecGoError, error_envelope
 from runs.metrics import count_approval_decision
 from runs.models import AuditEvent, Run, Step, Trace, TraceKind
 from runs.policy import current_policy_version
@@ -65,6 +65,7 @@ def may_decide(user, request: ApprovalRequest) -> str | None:
 
 
 STALE_VIEW = "the plan changed since you opened it: reload"
+REASON_NEEDED = "A rejection needs a reason."
 
 
 def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: str, comment: str = "",
@@ -79,8 +80,9 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
     reason = may_decide(actor, request)
     if reason is not None:
         raise DeniedError(ErrorCode.DENIED, reason, source="approval", details={"request": request.pk})
+
     refused = voided = stale = None
-    approvals = 0
+    needs_reason, approvals = False, 0
     with transaction.atomic():
         lock_run(request.run_id)  # the run first, as everywhere
         locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
@@ -98,6 +100,8 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
             voided = "the plan changed since the approval was requested"
         elif current_policy_version() != locked.policy_version:
             voided = "the policy changed since the approval was requested"
+        elif not approve and not comment.strip():
+            needs_reason = True  # refused below, with nothing written: not a decision at all
         elif edits and locked.decisions.exists():
             refused = "edits come with the first decision: others approved the plan as it stands"
         elif edits:
@@ -111,8 +115,11 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
             locked.notify_decided(decided_by=actor, reason=voided)
             audit(AuditEvent.APPROVAL_VOIDED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
                   caller="hitl controller", from_state=S.AWAITING_HITL, data={"request": locked.pk, "reason": voided})
-        elif not refused:
+        elif not refused and not needs_reason:
             approvals = _record(locked, actor, decision, comment, now, edits=edits)
+    if needs_reason:
+        raise ExecGoError(ErrorCode.INVALID_INPUT, REASON_NEEDED, source="approval",
+                          details={"request": locked.pk, "fields": {"comment": [REASON_NEEDED]}})
     if refused:
         # Audited after the transaction (which wrote nothing): the row is kept on SQLite too.
         audit(AuditEvent.APPROVAL_STALE_VIEW if stale else AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id,

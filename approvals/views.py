@@ -79,9 +79,6 @@ def decide(request, request_id: int, verdict: str):
     if approval is None:
         raise Http404("no such approval request")
     comment = request.POST.get("comment", "").strip()[:2000]
-    if verdict == "reject" and not comment:
-        messages.error(request, "A rejection needs a reason.")
-        return redirect("approvals:detail", request_id=approval.pk)
     edits = _edits_from(request.POST, approval) if verdict == "approve-edited" else None
     if verdict == "approve-edited" and not edits:
         messages.error(request, "Nothing was edited: use Approve.")

@@ -113,3 +113,21 @@ def test_an_edit_that_raises_the_quorum_needs_another_approver_and_the_edited_pl
     assert body["plan"]["steps"][0]["params"]["argv"] == ["echo", "deploy", "prod"]
     assert body["submitted_plan"]["steps"][0]["params"]["argv"] == ["echo", "pip", "install", "all"]
     assert body["steps"][0]["rated_plan"]["profile"] == body["steps"][0]["effective_plan"]["profile"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("comment", ["", "   "])
+def test_the_decision_service_itself_refuses_a_rejection_without_a_reason(
+        seeded_policy, echo_pip_install_is_high, tenant, agent, people, comment, django_capture_on_commit_callbacks):
+    """The rule lives in the one decision service, so every caller (page,
+    API, admin, anything added later) gets it."""
+    from approvals.services import approval_decide
+    from runs.errors import ExecGoError
+
+    approval = waiting_run(tenant, agent, ["echo", "pip", "install", "all"], django_capture_on_commit_callbacks)
+    with pytest.raises(ExecGoError) as refused:
+        approval_decide(request=approval, actor=people[0], approve=False, digest=approval.action_digest,
+                        comment=comment)
+    assert refused.value.envelope["code"] == "invalid_input"
+    assert refused.value.envelope["details"]["fields"] == {"comment": ["A rejection needs a reason."]}
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending" and not Decision.objects.exists()

@@ -296,7 +296,7 @@ def _approved(request, approver):
 
 
 def _rejected(request, approver):
-    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False, comment="no")
 
 
 def _expired(request, approver):

@@ -655,7 +655,7 @@ def test_the_admin_action_shows_what_it_decides_and_refuses_a_stale_view(tenant,
 def test_an_admin_reject_needs_a_reason(tenant, make_run):
     approval = open_approval(waiting_run(make_run))
     response = admin_decide(signed_in(superuser("root", tenant)), "reject_selected", [approval])
-    assert "A rejection needs a reason." in messages_of(response)
+    assert messages_of(response) == [f"request {approval.pk}: A rejection needs a reason."]
     assert not Decision.objects.exists()
 
 

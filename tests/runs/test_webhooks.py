@@ -248,7 +248,7 @@ def notifications(run_id: int) -> list[tuple[str, dict]]:
 def test_no_notification_without_url_and_secret(settings, seeded_policy, tenant, agent, approver, url, secret):
     settings.EXECGO_APPROVAL_WEBHOOK_URL, settings.EXECGO_WEBHOOK_SECRET = url, secret
     request = advance_to_approval(tenant, agent)
-    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False)
+    approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False, comment="no")
     assert ApprovalRequest.objects.get(pk=request.pk).status == "rejected"
     assert not WebhookDelivery.objects.exists()
 
