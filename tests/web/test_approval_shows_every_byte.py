@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # A bell, an escape sequence and a right-to-left override hidden in what an approver reads.
 STDIN = "id\n\x07echo \x1b[2Jcleared\nrm -rf ./build \u202e;txt.exe\n"
 BODY = {"order": 7, "note": "ship \u200bnow"}
-CONTENT = "line one\nline two\x00\n"
+CONTENT = "line one\nline two\x01\n"  # not NUL: PostgreSQL's JSON cannot hold it (the API refuses it there)
 SECRET = "Bearer s3cr3t-value-never-shown"
 
 
@@ -54,7 +54,7 @@ def test_the_api_shows_every_byte_escaped(waiting, approver):
                                {"name": "Authorization", "length": len(SECRET), "masked": True}]
     assert "s3cr3t" not in response.content.decode()
     assert '"note": "ship \\u200bnow"' in call["body"]["text"]
-    assert keep["content"]["text"] == "line one\nline two\\x00\n"
+    assert keep["content"]["text"] == "line one\nline two\\x01\n"
 
 
 def test_the_page_shows_every_byte_escaped(page, waiting, approver):
@@ -72,6 +72,6 @@ def test_the_page_shows_every_byte_escaped(page, waiting, approver):
     assert "Authorization: [31 characters, hidden]" in headers and "Accept: application/json" in headers
     assert "\\u200b" in call.locator("pre[data-field=body]").inner_text()
     keep = page.locator("[data-step=keep]")
-    assert keep.locator("pre[data-field=content]").inner_text().rstrip("\n") == "line one\nline two\\x00"
+    assert keep.locator("pre[data-field=content]").inner_text().rstrip("\n") == "line one\nline two\\x01"
     assert "s3cr3t" not in page.content() and "\u202e" not in page.locator("main").inner_text()
     screenshot(page, "approval-every-byte")
