@@ -531,7 +531,8 @@ def _decide_racing(barrier: threading.Barrier, request_pk: int, actor, approve: 
     try:
         request = ApprovalRequest.objects.select_related("run").get(pk=request_pk)  # connects before the barrier
         barrier.wait(timeout=10)
-        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve)
+        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve,
+                        comment="" if approve else "racing the approval")
         return "won"
     except ConflictError as exc:
         return exc
