@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -127,6 +128,14 @@ def run_shell(handle) -> Callable[..., dict]:
         )
 
     return run
+
+
+def kill_all(processes: list[psutil.Process]) -> None:
+    """SIGKILL each process; one already gone (killing a sandbox's first process
+    takes the rest of its PID namespace with it) is no error."""
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def live_processes(marker: str) -> list[psutil.Process]:

@@ -19,6 +19,7 @@ import pytest
 from runtime import attach, forkserver, launcher, layout, shim
 from tests.runtime.conftest import (
     SYSTEM_PYTHON,
+    kill_all,
     live_processes,
     make_plan,
     needs_bubblewrap,
@@ -184,8 +185,7 @@ def test_a_pre_started_sandbox_that_died_is_replaced(server, handle, marker):
     params = {"argv": ["echo", f"ok {marker}"]}
     spare = warm(handle, params, plan)
     assert wait_until(lambda: gate_of(marker) != [], 10)
-    for process in gate_of(marker):
-        process.kill()
+    kill_all(gate_of(marker))
 
     result = run(handle, params, plan, spare)
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from runtime import attach, forkserver, launcher, layout
-from tests.runtime.conftest import live_processes, make_plan, wait_until
+from tests.runtime.conftest import kill_all, live_processes, make_plan, wait_until
 
 
 def test_the_launcher_wakes_on_done_with_the_result_written(handle):
@@ -48,8 +48,7 @@ def test_a_shim_killed_mid_step_ends_its_link_and_the_step_fails(handle, marker)
     if plan["tree_kill"] == "pid_namespace":  # the kernel takes the command down with its PID 1
         assert wait_until(lambda: live_processes(marker) == [], 2)
     else:
-        for process in live_processes(marker):
-            process.kill()
+        kill_all(live_processes(marker))
 
 
 def test_a_shim_that_started_is_never_started_twice(tmp_path):
