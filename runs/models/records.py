@@ -86,6 +86,9 @@ class AuditEvent(models.TextChoices):
     DEADLINE_ENFORCED = "deadline_enforced"  # the deadline scan closed a run its timer did not
     APPROVAL_STALE_VIEW = "approval_stale_view"  # a decision made on a view of a plan that changed since
     WORK_RESENT = "work_resent"  # the sweeper sent a stuck run's work again (its messages were lost)
+    ADMIN_CHANGED = "admin_changed"  # a policy rule, user, group or membership changed: before/after in data
+    TOKEN_CREATED = "token_created"  # an API token was issued (its key is never recorded)
+    TOKEN_REVOKED = "token_revoked"  # an API token was revoked or deleted
 
 
 # The one audit event of a run's final transition (SPEC §2.2: reconciliation).
