@@ -1,6 +1,8 @@
 """Process plumbing for the shim: JSON without the json package, libc calls
 (unshare, setns, prctl), the forked command child (limits, credentials,
-exec), the /proc scan used when there is no PID namespace, and the host
+no_new_privs, the seccomp program's descriptor for bubblewrap, exec), the
+process profile's hardened mounts (nosuid,nodev everywhere, a /dev of its
+own), the /proc scan used when there is no PID namespace, and the host
 self-test run by the capability probe.
 
 Imported by ``runtime/shim.py`` in a bare ``python -I -S`` interpreter, so it
