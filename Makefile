@@ -18,11 +18,16 @@ $(STAMP): pyproject.toml
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
-## bubblewrap contains shell steps best; installed here where that is possible (apt as root).
+## bubblewrap contains shell steps best, with libseccomp2 for its system call filter; installed here
+## where that is possible (apt as root).
+HAS_LIBSECCOMP := /sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'
 sandbox:
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null 2>&1; } || \
 	  echo "bubblewrap is not installed: shell steps run in the weaker process profile (install the bubblewrap package to fix)"
+	@$(HAS_LIBSECCOMP) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp2; } >/dev/null 2>&1; } || \
+	  echo "libseccomp2 is not installed: sandboxed steps run without their system call filter (install libseccomp2 to fix)"
 
 ## Set up and start web + worker + beat on the embedded default (SQLite + filesystem broker),
 ## in debug mode unless DJANGO_DEBUG says otherwise (debug off needs a secret key and host names).
@@ -39,6 +44,7 @@ TEST_PROGRAMS := bwrap:bubblewrap unshare:util-linux pasta:passt chromium:chromi
 test-deps:
 	@missing=""; for pair in $(TEST_PROGRAMS); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	$(HAS_LIBSECCOMP) || missing="$$missing libseccomp2"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing$$missing (apt-get)"; \

@@ -205,6 +205,7 @@ def routed_plan(step: Step) -> dict | None:
         return None
     manifest = capability_manifest()
     manifest["bubblewrap"] = {**(manifest.get("bubblewrap") or {}), "available": True}
+    manifest["seccomp"] = {**(manifest.get("seccomp") or {}), "available": True}  # it comes with bubblewrap there
     return resolve_step_plan(step, manifest=manifest)
 
 

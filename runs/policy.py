@@ -6,6 +6,15 @@ plan (``runs.dataplane.resolve_step_plan``), its *capability baseline*:
 
 - ``linux_sandbox`` with network ``none``/``loopback``, only the workspace
   writable and a non-root uid: low;
+- the ``process`` profile in the shim's own namespaces, or ``linux_sandbox``
+  without its seccomp filter (``plan["seccomp"] is False``, an adaptive
+  downgrade): at least medium. Both keep the command off the data directory,
+  the host's network and setuid programs, but leave it every system call of
+  the kernel (keyrings, bpf, userfaultfd, io_uring, new user namespaces: the
+  usual first step of a kernel exploit), and the process profile runs in the
+  host's user namespace on a root that is writable wherever file modes let
+  its uid write. Not high: no human needs to read a step that a bug in the
+  kernel would be needed to get out of; not low: that is all it would take;
 - network ``internet`` (a NAT'd namespace: it cannot reach the host's
   loopback, but nothing proves it keeps off the host's other addresses),
   network ``host``, filesystem ``host``, no sandbox, or root (uid 0, or the
@@ -292,11 +301,17 @@ def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
     lets it reach, with the check behind each part of it."""
     checks = []
     profile, network, filesystem = plan.get("profile"), plan.get("network"), plan.get("filesystem")
-    if profile == "linux_sandbox":
+    if profile == "linux_sandbox" and plan.get("seccomp") is False:
+        checks.append(_check("profile", profile, RiskLevel.MEDIUM,
+                             "sandboxed (bubblewrap) without its system call filter: the whole kernel interface "
+                             "is open to the command"))
+    elif profile == "linux_sandbox":
         checks.append(_check("profile", profile, RiskLevel.LOW, "sandboxed (bubblewrap)"))
     elif profile == "process" and plan.get("namespaces"):
-        checks.append(_check("profile", profile, RiskLevel.LOW,
-                             "contained by the shim's own mount and network namespaces"))
+        checks.append(_check("profile", profile, RiskLevel.MEDIUM,
+                             "the shim's own mount and network namespaces, nosuid and no_new_privs, but no system "
+                             "call filter, the host's user namespace, and the host's root writable wherever its "
+                             "uid may write"))
     else:
         checks.append(_check("profile", profile, RiskLevel.HIGH,
                              "not sandboxed: the command runs on the host with only rlimits around it"))
@@ -305,7 +320,10 @@ def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
     else:
         checks.append(_check("network", network, RiskLevel.HIGH,
                              NETWORK_REACH.get(network, "a network the policy does not know: assumed to reach all")))
-    if filesystem in WORKSPACE_FILESYSTEMS:
+    if filesystem in WORKSPACE_FILESYSTEMS and profile == "process":
+        checks.append(_check("filesystem", filesystem, RiskLevel.LOW,
+                             "the host without the data dir, nosuid,nodev, a workspace of its own"))
+    elif filesystem in WORKSPACE_FILESYSTEMS:
         checks.append(_check("filesystem", filesystem, RiskLevel.LOW,
                              "read-only host without the data dir, only the workspace writable"))
     else:

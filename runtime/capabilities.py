@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 from django.conf import settings
 
+from runtime import syscall_filter
 from runtime.layout import shim_command
 from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 
@@ -54,6 +55,7 @@ def probe_host() -> dict[str, Any]:
     is_root = os.geteuid() == 0
     drop_uid = sandbox_uid() if is_root else None
     shim = _shim_self_test()
+    bubblewrap = _probe_bubblewrap(drop_uid)
     memory = psutil.virtual_memory()
     uname = os.uname()
     return {
@@ -72,7 +74,8 @@ def probe_host() -> dict[str, Any]:
             # inside a user namespace), so it only bites after a uid drop.
             "nproc_enforced": (not is_root) or drop_uid is not None,
         },
-        "bubblewrap": _probe_bubblewrap(drop_uid),
+        "bubblewrap": bubblewrap,
+        "seccomp": _probe_seccomp(bubblewrap, drop_uid),
         # The process profile's own mount and network namespaces (root only).
         "namespaces": shim.get("namespaces", {"mount": False, "net": False}),
         "pasta": _probe_pasta(drop_uid),
@@ -135,13 +138,14 @@ def _probe_cgroups() -> dict[str, Any]:
     return result
 
 
-def _run_probe(argv: list[str], uid: int | None) -> tuple[bool, str]:
+def _run_probe(argv: list[str], uid: int | None, *, pass_fds: tuple[int, ...] = ()) -> tuple[bool, str]:
     kwargs: dict[str, Any] = {}
     if uid is not None:
         kwargs = {"user": uid, "group": uid, "extra_groups": []}
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False, cwd="/", **kwargs
+            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False, cwd="/", pass_fds=pass_fds,
+            **kwargs,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return False, str(exc)
@@ -176,11 +180,38 @@ def _probe_pasta(drop_uid: int | None) -> dict[str, Any]:
     return result
 
 
-def _probe_bubblewrap(drop_uid: int | None) -> dict[str, Any]:
+# Run under the filter: its own status must read mode 2 (filter), and a
+# refused call (unshare of a user namespace) must fail with EPERM.
+SECCOMP_CHECK = ('grep -q "^Seccomp:[[:space:]]*2$" /proc/self/status && '
+                 '! unshare --user true 2>/dev/null')
+
+
+def _probe_seccomp(bubblewrap: dict[str, Any], drop_uid: int | None) -> dict[str, Any]:
+    """Can bubblewrap load the filter of ``runtime.syscall_filter`` here?
+    Compiled (libseccomp) and run for real, as the sandbox uid, in the very
+    sandbox a step gets."""
+    try:
+        program = syscall_filter.program_path()
+    except syscall_filter.FilterUnavailable as exc:
+        return {"available": False, "error": str(exc)}
+    result: dict[str, Any] = {"program": os.path.basename(program), "denied": len(syscall_filter.DENIED_SYSCALLS)}
+    if not bubblewrap.get("available"):
+        return {**result, "available": False, "error": "bubblewrap is unusable, and with it --seccomp"}
+    fd = os.open(program, os.O_RDONLY)
+    try:
+        works, error = _run_sandbox_probe(["/bin/sh", "-c", SECCOMP_CHECK], drop_uid, seccomp_fd=fd)
+    finally:
+        os.close(fd)
+    result["available"] = works
+    if not works:
+        result["error"] = error or "the filter did not apply"
+    return result
+
+
+def _run_sandbox_probe(command: list[str], drop_uid: int | None, *, seccomp_fd: int | None = None
+                       ) -> tuple[bool, str]:
+    """``command`` in the sandbox a default step gets (a scratch workspace)."""
     path = bwrap_path()
-    if not path:
-        return {"available": False, "path": None, "error": "bwrap not installed"}
-    ok_version, version = _run_probe([path, "--version"], None)
     workspace = tempfile.mkdtemp(prefix="execgo-probe-")
     try:
         os.chmod(workspace, 0o755)
@@ -188,11 +219,19 @@ def _probe_bubblewrap(drop_uid: int | None) -> dict[str, Any]:
             os.chown(workspace, drop_uid, drop_uid)
         argv = bwrap_argv(
             bwrap=path, workspace=workspace, cwd=workspace, env={"PATH": "/usr/bin:/bin"}, uid=drop_uid, gid=drop_uid,
-            limits={"workspace_bytes": 1024 * 1024},
+            limits={"workspace_bytes": 1024 * 1024}, seccomp_fd=seccomp_fd,
         )
-        works, error = _run_probe([*argv, "true"], drop_uid)
+        return _run_probe([*argv, *command], drop_uid, pass_fds=() if seccomp_fd is None else (seccomp_fd,))
     finally:
         os.rmdir(workspace)
+
+
+def _probe_bubblewrap(drop_uid: int | None) -> dict[str, Any]:
+    path = bwrap_path()
+    if not path:
+        return {"available": False, "path": None, "error": "bwrap not installed"}
+    ok_version, version = _run_probe([path, "--version"], None)
+    works, error = _run_sandbox_probe(["true"], drop_uid)
     result = {
         "available": works,
         "path": path,

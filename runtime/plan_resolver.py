@@ -24,12 +24,19 @@ Profiles:
 - ``linux_sandbox``: bubblewrap (see runtime/sandbox.py): read-only host,
   the data directory and the host's sockets hidden, the workspace and /tmp
   sized tmpfs, every namespace unshared, no capabilities, cleared
-  environment.
+  environment, and the seccomp filter of runtime/syscall_filter.py
+  (``plan["seccomp"]``; a host that cannot apply it is a missing mechanism
+  like the others: strict refuses, adaptive runs without it and records
+  the downgrade).
 - ``process``: on a root worker that can create namespaces, the shim gives
-  the command a mount and network namespace of its own (the same hidden
-  paths and sized tmpfs, no network) before dropping to the step's uid;
-  otherwise the host's filesystem and network, contained only by file modes
-  and the uid (or not at all on a worker that is not root).
+  the command a mount and network namespace of its own (every mount
+  nosuid,nodev, the same hidden paths and sized tmpfs, no network) before
+  dropping to the step's uid; otherwise the host's filesystem and network,
+  contained only by file modes and the uid (or not at all on a worker that
+  is not root). No seccomp filter, in the host's user namespace.
+
+Every profile runs its command with no_new_privs: a setuid or
+file-capability program gains nothing.
 
 Both: rlimits, own session and process group, the whole tree killed on
 timeout/cancel (PID namespace when available, else a /proc scan).
@@ -175,6 +182,12 @@ def resolve_plan(
         downgrade("profile", "linux_sandbox", "process", reason, allowed=profile is None)
         effective_profile = "process"
 
+    seccomp = effective_profile == "linux_sandbox"
+    if seccomp and not (manifest.get("seccomp") or {}).get("available"):
+        reason = (manifest.get("seccomp") or {}).get("error") or "not available"
+        downgrade("seccomp", True, False, f"the system call filter cannot be applied on this host: {reason}")
+        seccomp = False
+
     contained = effective_profile == "linux_sandbox" or own_namespaces
     effective_network = network
     if not contained:
@@ -224,6 +237,8 @@ def resolve_plan(
         "filesystem": "workspace" if contained else "host",
         # The shim's own mount and network namespaces (the process profile on a root worker).
         "namespaces": effective_profile == "process" and own_namespaces,
+        # bubblewrap loads runtime.syscall_filter's program (linux_sandbox only).
+        "seccomp": seccomp,
         "downgrades": downgrades,
         "notes": notes,
         "host": (manifest.get("host") or {}).get("name"),

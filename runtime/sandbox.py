@@ -13,7 +13,10 @@ Both containing profiles show a step the same host:
 
 ``linux_sandbox`` adds a read-only view of the rest of the host, a user
 namespace, a new session (no TIOCSTI on the caller's terminal), no
-capabilities, a cleared environment and death with the parent. The uid is
+capabilities, a cleared environment, death with the parent, no new user
+namespaces (``--disable-userns``), no_new_privs (bubblewrap always sets it)
+and, where the plan says ``seccomp``, the system call filter of
+``runtime.syscall_filter``. The uid is
 dropped by the shim *before* bubblewrap runs, so the kernel sees the step's
 own uid (RLIMIT_NPROC counts against it and root-owned files stay out of
 reach); ``--uid`` only keeps that id inside the user namespace.
@@ -120,7 +123,11 @@ def bwrap_argv(
     gid: int | None,
     limits: Mapping[str, Any] | None = None,
     network: str = "none",
+    seccomp_fd: int | None = None,
 ) -> list[str]:
+    """``seccomp_fd``: the descriptor bubblewrap reads the filter of
+    ``runtime.syscall_filter`` from (a step's shim opens it as
+    ``SECCOMP_FD``); bubblewrap loads it last, just before the command."""
     argv = [
         bwrap,
         "--ro-bind", "/", "/",
@@ -144,6 +151,10 @@ def bwrap_argv(
     argv += [
         "--chdir", cwd,
         "--unshare-all",
+        # A user namespace for sure (--unshare-all only tries), so that
+        # --disable-userns can keep the step from making more of them.
+        "--unshare-user",
+        "--disable-userns",
         # "internet": the namespace pasta made in front of us (see pasta_argv).
         *(["--share-net"] if network in ("host", "internet") else []),
         "--new-session",
@@ -151,6 +162,8 @@ def bwrap_argv(
         "--cap-drop", "ALL",
         "--clearenv",
     ]  # fmt: skip
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     if uid is not None:

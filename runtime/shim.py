@@ -87,8 +87,8 @@ MARKER_ENV = "EXECGO_HANDLE_ID"
 SIG = _signal
 # What of a request decides how its command is started: a pre-started
 # sandbox serves a request only if these are what it was started with.
-PRESET_FIELDS = ("argv", "cwd", "env", "sandbox_argv", "isolation", "own_proc", "stdin", "limits", "uid", "gid",
-                 "tree_kill")
+PRESET_FIELDS = ("argv", "cwd", "env", "sandbox_argv", "isolation", "own_proc", "seccomp", "stdin", "limits", "uid",
+                 "gid", "tree_kill")
 # The gate a pre-started sandbox waits at: /bin/sh reads GATE_FD and execs
 # the command only on the line "go", with GATE_FD closed. Only a step whose
 # environment and program the shell passes on as they are gets one

@@ -1,6 +1,8 @@
 """Process plumbing for the shim: JSON without the json package, libc calls
 (unshare, setns, prctl), the forked command child (limits, credentials,
-exec), the /proc scan used when there is no PID namespace, and the host
+no_new_privs, the seccomp program's descriptor for bubblewrap, exec), the
+process profile's hardened mounts (nosuid,nodev everywhere, a /dev of its
+own), the /proc scan used when there is no PID namespace, and the host
 self-test run by the capability probe.
 
 Imported by ``runtime/shim.py`` in a bare ``python -I -S`` interpreter, so it
@@ -24,6 +26,9 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CPU_HARD_GRACE_S = 1
 GATE_FD = 3
+# The descriptor bubblewrap reads the seccomp filter from (``--seccomp``).
+SECCOMP_FD = 4
+PR_SET_NO_NEW_PRIVS = 38
 MAX_FD = 1 << 20  # fs.nr_open by default: no descriptor numbered higher (closed by one close_range(2))
 SIG = _signal
 
@@ -192,17 +197,49 @@ def own_proc():
     _mount_own_proc()
 
 
+# mount_setattr(2) (Linux 5.12; the same number on every architecture).
+SYS_MOUNT_SETATTR = 442
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x2, 0x4
+# The device nodes of the process profile's own /dev (bubblewrap's --dev
+# makes the same set): name -> (major, minor).
+DEV_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
+
+
+def harden_mounts():
+    """nosuid,nodev on every mount of our (private) mount namespace, all at
+    once: no setuid program of the host gains its privileges there, and no
+    device node on a host filesystem opens. Then a /dev of our own with only
+    the harmless devices (the host's /dev is nodev now, like everything)."""
+    libc = load_libc()
+    attr = (_ctypes.c_uint64 * 4)(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)  # struct mount_attr
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, attr, _ctypes.sizeof(attr)) != 0:
+        err = _ctypes.get_errno()
+        raise OSError(err, f"mount_setattr nosuid,nodev: {os.strerror(err)}")
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536")
+    for name, (major, minor) in DEV_NODES.items():
+        path = "/dev/" + name
+        os.mknod(path, 0o20666, os.makedev(major, minor))  # S_IFCHR
+        os.chmod(path, 0o666)  # whatever the umask
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, "/dev/" + name)
+
+
 def isolate(isolation, uid, gid, pidns):
     """The process profile's containment, made by the command's child while
-    it is still root: a mount namespace with the data directory and the
-    host's sockets hidden and a sized tmpfs as workspace and /tmp, and a
-    network namespace with only its own loopback (see runtime/sandbox.py)."""
+    it is still root: a mount namespace where every mount is nosuid,nodev,
+    with the data directory and the host's sockets hidden and a sized tmpfs
+    as workspace and /tmp, and a network namespace with only its own
+    loopback (see runtime/sandbox.py)."""
     network = isolation.get("network") or "none"
     import _socket  # noqa: F401  (loaded now: the mounts may hide the interpreter's lib-dynload)
     import _struct  # noqa: F401
     import fcntl  # noqa: F401
 
     _private_namespaces(0 if network == "host" else CLONE_NEWNET)
+    harden_mounts()
     for item in isolation.get("mounts") or ():
         path, kind, size = item["path"], item["kind"], item.get("bytes")
         os.makedirs(path, exist_ok=True)  # inside a hidden tmpfs, for the workspace
@@ -272,11 +309,18 @@ def spawn_command(req, stdin_fd, out_w, err_w):
             resource.setrlimit(resource.RLIMIT_NOFILE, (int(open_files), int(open_files)))
         stage = "chdir"
         os.chdir(req["cwd"])
+        if not req.get("sandbox_argv"):
+            # On the shim itself, which from here on only supervises: the
+            # spawned command inherits it (bubblewrap sets its own).
+            stage = "no_new_privs"
+            libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         stage = "exec"
         argv = list(req.get("sandbox_argv") or []) + list(req["argv"])
         env = req.get("env") or {}
         actions = [(os.POSIX_SPAWN_DUP2, stdin_fd, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                    (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        if req.get("seccomp"):
+            actions.append((os.POSIX_SPAWN_OPEN, SECCOMP_FD, req["seccomp"], os.O_RDONLY, 0))
         saved = last = None
         for path in program_paths(argv[0], env):
             try:
@@ -324,10 +368,18 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig, gate_fd=Non
                 os.set_inheritable(GATE_FD, True)
             else:
                 os.dup2(gate_fd, GATE_FD)
+        keep_fds = {GATE_FD} if gate_fd is not None else set()
+        if req.get("seccomp"):
+            stage = "seccomp"
+            if exec_w == SECCOMP_FD:
+                exec_w = os.dup(exec_w)  # close-on-exec still, out of the filter's way
+            open_on(req["seccomp"], SECCOMP_FD)
+            keep_fds.add(SECCOMP_FD)
+            stage = "setup"
         # Nothing else the shim, the fork server or whoever started them had
         # open reaches the command (exec_w closes itself at exec).
         low = 3
-        for keep in sorted({exec_w, *((GATE_FD,) if gate_fd is not None else ())}):
+        for keep in sorted({exec_w, *keep_fds}):
             os.closerange(low, keep)
             low = keep + 1
         os.closerange(low, MAX_FD)
@@ -358,6 +410,10 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig, gate_fd=Non
             os.setuid(int(req["uid"]))
         if set_pdeathsig:
             libc_call("prctl", PR_SET_PDEATHSIG, SIG.SIGKILL, 0, 0, 0)
+        if not req.get("sandbox_argv"):
+            # bubblewrap sets it itself (and a setuid bubblewrap could not start with it).
+            stage = "no_new_privs"
+            libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         stage = "chdir"
         # bubblewrap changes into the workspace itself, inside its mounts.
         os.chdir("/" if req.get("sandbox_argv") else req["cwd"])
@@ -375,6 +431,16 @@ def exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig, gate_fd=Non
             os.write(exec_w, f"{code}\t{stage}\t{exc}".encode(errors="replace"))
         finally:
             os._exit(127)
+
+
+def open_on(path, number):
+    """Open ``path`` read-only as descriptor ``number``, inherited across exec."""
+    fd = os.open(path, os.O_RDONLY)
+    if fd == number:
+        os.set_inheritable(fd, True)
+    else:
+        os.dup2(fd, number)
+        os.close(fd)
 
 
 def execvpe(file, argv, env):
@@ -455,6 +521,7 @@ def _probe_namespaces():
                 libc_call("unshare", flags)
                 if flags == CLONE_NEWNS:
                     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+                    harden_mounts()
                     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,mode=0700")
                 else:
                     loopback_up()

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
-from runtime import shim
+from runtime import shim, syscall_filter
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
 from runtime.sandbox import bwrap_argv, bwrap_path, mount_plan, pasta_argv, pasta_path
 from runtime.tools.file import relative_parts
@@ -99,15 +99,22 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     sandbox: list[str] = []
     isolation = None
     own_proc = False
+    seccomp = None  # the compiled filter's file, which the shim hands bubblewrap
     limits = plan.get("limits") or {}
     if plan.get("profile") == "linux_sandbox":
         bwrap = bwrap_path()
         if not bwrap:
             raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
         network = plan.get("network") or "none"
+        if plan.get("seccomp"):
+            try:
+                seccomp = syscall_filter.program_path()
+            except syscall_filter.FilterUnavailable as exc:
+                raise EnvelopeError.of("denied", f"the plan needs the seccomp filter: {exc}") from None
         sandbox = bwrap_argv(
             bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
             limits=limits, network=network,
+            seccomp_fd=syscall_filter.SECCOMP_FD if seccomp else None,
         )
         if network == "internet":
             pasta = pasta_path()
@@ -129,6 +136,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
         "sandbox_argv": sandbox,
         "isolation": isolation,
         "own_proc": own_proc,
+        "seccomp": seccomp,
         "stdin": "stdin" in params,
     }
 

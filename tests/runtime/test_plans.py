@@ -13,6 +13,7 @@ ROOT_HOST = {
     "pid_namespace": {"available": True},
     "rlimits": {"enforced": True, "nproc_enforced": True},
     "bubblewrap": {"available": True, "path": "/usr/bin/bwrap"},
+    "seccomp": {"available": True},
     "namespaces": {"mount": True, "net": True},
 }
 
