@@ -181,6 +181,8 @@ def weaker_than_rated(plan: dict, rated: dict) -> list[str]:
         weaker.append(f"network {plan.get('network')} instead of {rated.get('network')}")
     if plan.get("filesystem") != "workspace" and rated.get("filesystem") == "workspace":
         weaker.append(f"filesystem {plan.get('filesystem')} instead of the workspace")
+    if rated.get("seccomp") and not plan.get("seccomp"):
+        weaker.append("no system-call filter")
     if rated.get("uid") not in (None, 0) and plan.get("uid") in (None, 0):
         weaker.append("the worker's own uid instead of a uid of its own")
     for name, limit in (rated.get("limits") or {}).items():

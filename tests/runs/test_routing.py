@@ -253,6 +253,9 @@ def test_what_counts_as_weaker_than_the_rated_plan():
     assert weaker_than_rated({**same, "network": "internet"}, rated) == ["network internet instead of none"]
     assert weaker_than_rated({**same, "filesystem": "host"}, rated) == ["filesystem host instead of the workspace"]
     assert weaker_than_rated({**same, "uid": None}, rated) == ["the worker's own uid instead of a uid of its own"]
+    filtered = {**rated, "seccomp": True}
+    assert weaker_than_rated({**same, "seccomp": True}, filtered) == []
+    assert weaker_than_rated({**same, "seccomp": False}, filtered) == ["no system-call filter"]
     assert weaker_than_rated({**same, "limits": {"processes": None, "cpu_seconds": 600}}, rated) == [
         "limit processes None instead of 64"]
     # A stronger plan than the rated one is not weaker; no rated plan binds nothing.
