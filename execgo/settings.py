@@ -398,6 +398,11 @@ EXECGO_SHELL_ENV_ALLOWLIST = env_list(
 )
 EXECGO_FILE_MAX_BYTES = env_int("EXECGO_FILE_MAX_BYTES", 8 * 1024 * 1024)
 EXECGO_HTTP_MAX_BODY_BYTES = env_int("EXECGO_HTTP_MAX_BODY_BYTES", 1024 * 1024)
+# Runs an http step's request as the step's uid (stdlib only, -I -S): an
+# interpreter that uid can execute (a virtualenv under /root is not one).
+EXECGO_HTTP_HELPER_PYTHON = env_str(
+    "EXECGO_HTTP_HELPER_PYTHON", "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+)
 
 # A sweep that finds more stuck runs than this hands each to the workers (a task a run).
 EXECGO_SWEEP_INLINE_MAX = env_int("EXECGO_SWEEP_INLINE_MAX", 20)
@@ -409,6 +414,8 @@ EXECGO_BUDGET_MAX_CPU_SECONDS = env_int("EXECGO_BUDGET_MAX_CPU_SECONDS", 600)
 EXECGO_BUDGET_MAX_HTTP_CALLS = env_int("EXECGO_BUDGET_MAX_HTTP_CALLS", 50)
 EXECGO_BUDGET_MAX_COMMAND_CHARS = env_int("EXECGO_BUDGET_MAX_COMMAND_CHARS", 8192)
 EXECGO_HTTP_ALLOWED_HOSTS = env_list("EXECGO_HTTP_ALLOWED_HOSTS", [])
+# Internal networks (CIDRs) an http step may reach at all; see runtime/egress.py.
+EXECGO_HTTP_ALLOWED_NETWORKS = env_list("EXECGO_HTTP_ALLOWED_NETWORKS", [])
 # The hosts a run's callback_url may name (empty: no callbacks).
 EXECGO_CALLBACK_ALLOWED_HOSTS = env_list("EXECGO_CALLBACK_ALLOWED_HOSTS", [])
 

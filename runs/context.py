@@ -18,7 +18,7 @@ from runs.plan_schema import KNOWN_TOOLS
 
 TOOL_SCHEMAS = {
     "shell": {"params": {"argv": "list[str]", "script": "str", "cwd": "str?", "env": "dict?", "stdin": "str?"}},
-    "http": {"params": {"method": "str", "url": "str", "headers": "dict?", "body": "str?", "timeout_s": "float?"}},
+    "http": {"params": {"method": "str", "url": "str", "headers": "dict?", "body": "str?", "timeout_s": "float?", "follow_redirects": "int?"}},
     "file": {"params": {"op": "read|write|list", "path": "str", "content": "str?"}},
 }
 

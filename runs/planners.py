@@ -114,7 +114,7 @@ class LlmSettings:
 _TOOL_PARAMS = {
     "shell": 'params {"argv": ["program", "arg", ...]} (run directly, no shell) or {"script": "..."} '
              "(run by /bin/sh -c); exactly one of the two",
-    "http": 'params {"method": "GET", "url": "https://...", "headers": {...}, "body": "...", "timeout_s": 10}; '
+    "http": 'params {"method": "GET", "url": "https://...", "headers": {...}, "body": "...", "timeout_s": 10, "follow_redirects": 0}; '
             "only url is required",
     "file": 'params {"op": "read" | "write" | "list", "path": "relative/path", "content": "..."}; '
             "paths are relative to the step's workspace, content is for write only",

@@ -42,6 +42,11 @@ rules it matches (low < medium < high < deny); an http or file step no rule
 matches is low. The run's risk is the highest of its steps'. A run over any
 budget is denied whatever its rules say.
 
+An http step whose destination is internal (runtime/egress.py: loopback,
+private, link-local, metadata, … in any spelling, or a name that resolves
+to one) is denied, or high when ``EXECGO_HTTP_ALLOWED_NETWORKS`` lists it;
+the worker checks every hop again when it runs.
+
 Hosts in ``EXECGO_HTTP_ALLOWED_HOSTS`` may receive state-changing requests
 without approval: on an http step to such a host, the rules on the ``method``
 field whose outcome is below ``deny`` are waived (the waiver is listed in the
@@ -84,6 +89,7 @@ from runs.errors import ErrorCode, error_envelope
 from runs.models import PolicyRule, PolicyVersion, RiskLevel, Run, Step
 from runs.plan_schema import KNOWN_TOOLS, validate_plan
 from runs.shell_words import INLINE_OPTIONS, SHELLS, ParsedShell, parse_argv, parse_script
+from runtime import egress
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError
 
@@ -406,6 +412,20 @@ def _allow_listed_host(step: Step, allowed: frozenset[str]) -> str | None:
     return host if host in allowed else None
 
 
+def http_destination(step: Step) -> dict | None:
+    """The internal destination of an http step (``egress.rate_destination``), or None."""
+    if step.tool != "http":
+        return None
+    try:
+        parts = urlsplit(step_field(step, Field.URL) or "")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return egress.rate_destination(parts.hostname, port)
+
+
 def _waived(rule: PolicyRule) -> bool:
     return rule.field == Field.METHOD and rule.outcome != RiskLevel.DENY
 
@@ -535,6 +555,7 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
 
     max_chars = _budget_limit("EXECGO_BUDGET_MAX_COMMAND_CHARS")
     matches: list[_Match] = []
+    egress_denied: list[dict] = []
     step_rows = []
     for step in steps:
         if _longest_text(step) > max_chars:
@@ -562,6 +583,17 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
                      "parsed": {"commands": parsed.texts() if parsed else [], "signals": signals}}
             if counterpart is not None:
                 extra["parsed"]["stdin_program"] = parsed.stdin_program
+        destination = http_destination(step)
+        if destination is not None:
+            said = egress.explain(destination["address"], destination["class"])
+            if destination["allow_listed"]:
+                risks.append(RiskLevel.HIGH)
+                reasons.append(f"egress: {said}, in EXECGO_HTTP_ALLOWED_NETWORKS")
+            else:
+                risks.append(RiskLevel.DENY)
+                reasons.append(f"egress: {said}")
+                egress_denied.append({"step": step.step_id, "message": said, **destination})
+            extra = {"egress": destination}
         for rank, (rule, pattern) in enumerate(compiled):
             if not any(_rule_matches(rule, pattern, one, one_parsed) for one, one_parsed in read_as):
                 continue
@@ -590,7 +622,7 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
     denying = [entry for entry in matched_rules if entry["outcome"] == RiskLevel.DENY]
 
     risk = _max_risk(row["risk"] for row in step_rows)
-    if denying or over_budget:
+    if denying or over_budget or egress_denied:
         risk = RiskLevel.DENY
     data = {
         "risk": str(risk),
@@ -598,13 +630,14 @@ def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision
         "matched_rules": matched_rules,
         "steps": step_rows,
         "budget": budget,
-        "rejected_by": "rule" if denying else "budget" if over_budget else None,
+        "rejected_by": "rule" if denying else "budget" if over_budget else "egress" if egress_denied else None,
     }
-    error = _denial_envelope(version, denying, over_budget) if risk == RiskLevel.DENY else None
+    error = _denial_envelope(version, denying, over_budget, egress_denied) if risk == RiskLevel.DENY else None
     return PolicyDecision(risk=str(risk), data=data, error=error)
 
 
-def _denial_envelope(version: int, denying: list[dict], over_budget: list[dict]) -> dict:
+def _denial_envelope(version: int, denying: list[dict], over_budget: list[dict], egress_denied: list[dict]
+                     ) -> dict:
     parts = []
     if denying:
         named = ", ".join(f"{entry['rule']} (step {entry['step']})" if entry["step"] else entry["rule"]
@@ -614,11 +647,12 @@ def _denial_envelope(version: int, denying: list[dict], over_budget: list[dict])
         named = ", ".join(f"{entry['budget']} ({_number(entry['used'])} > {_number(entry['limit'])})"
                           for entry in over_budget)
         parts.append(f"over the run budget {named}")
-    return error_envelope(
-        ErrorCode.DENIED, "; ".join(parts), source="policy", retryable=False,
-        details={"policy_version": version, "rules": list(dict.fromkeys(entry["rule"] for entry in denying)),
-                 "budgets": over_budget},
-    )
+    parts.extend(f"step {entry['step']}: {entry['message']}" for entry in egress_denied)
+    details = {"policy_version": version, "rules": list(dict.fromkeys(entry["rule"] for entry in denying)),
+               "budgets": over_budget}
+    if egress_denied:
+        details["egress"] = [{key: entry[key] for key in ("step", "address", "class")} for entry in egress_denied]
+    return error_envelope(ErrorCode.DENIED, "; ".join(parts), source="policy", retryable=False, details=details)
 
 
 def _number(value: float) -> str:

@@ -1,5 +1,7 @@
 """Run one tool call to its end: a shell step in its shim (launched, then
-waited for), an ``http`` or ``file`` step here in the worker."""
+waited for), a ``file`` step here in the worker, an ``http`` step from here:
+the worker checks each destination and the request runs in a helper process
+of its own (see runtime/tools/http.py)."""
 
 from __future__ import annotations
 
@@ -66,17 +68,20 @@ def execute(
             attempt=attempt, started_at=started, finished_at=time.time(),
         )  # fmt: skip
     else:
-        envelope = _run_in_process(handle_id, tool, params, timeout_s, attempt, directory / WORKSPACE_DIR, started)
+        envelope = _run_in_process(handle_id, tool, params, timeout_s, attempt, directory, request["plan"], started)
     write_json_atomic(directory / shim.RESULT_FILE, {"tool": tool, "envelope": envelope})
     return envelope
 
 
 def _run_in_process(
-    handle_id: str, tool: str, params: dict, timeout_s: float, attempt: int, workspace: Path, started: float
+    handle_id: str, tool: str, params: dict, timeout_s: float, attempt: int, directory: Path, plan: dict,
+    started: float,
 ) -> dict:
+    workspace = directory / WORKSPACE_DIR
     try:
         if tool == "http":
-            output, details, error = http_tool.run(params, timeout_s=timeout_s)
+            output, details, error = http_tool.run(params, timeout_s=timeout_s, plan=plan, workspace=workspace,
+                                                   directory=directory)
         else:
             output, details = file_tool.run(params, workspace=workspace)
             error = None

@@ -27,6 +27,20 @@ postgres_only = pytest.mark.skipif(settings.IS_SQLITE, reason="needs PostgreSQL 
 
 
 @pytest.fixture(autouse=True)
+def no_dns(monkeypatch):
+    """Names resolve from /etc/hosts only (``localhost``): a real DNS query
+    would leave the machine. Tests that need a name give their own resolver."""
+    from runtime import egress
+
+    def hosts_only(host, port):
+        if host.lower() in ("localhost", "ip6-localhost"):
+            return ["127.0.0.1"]
+        raise OSError(f"no DNS in tests: {host}")
+
+    monkeypatch.setattr(egress, "resolve_name", hosts_only)
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     # Users are created in most tests; PBKDF2 would cost ~0.2 s each.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

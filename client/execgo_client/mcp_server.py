@@ -33,7 +33,7 @@ class PlanStep(BaseModel):
     tool: str = Field(description='"shell", "http" or "file"')
     params: dict[str, Any] = Field(default_factory=dict, description=(
         'shell: {"argv": [...]} or {"script": "..."}, optional cwd, env, stdin; '
-        'http: {"method", "url", "headers"?, "body"?}; file: {"op": "read"|"write"|"list", "path", "content"?}'))
+        'http: {"method", "url", "headers"?, "body"?, "follow_redirects"?}; file: {"op": "read"|"write"|"list", "path", "content"?}'))
     depends_on: list[str] | None = Field(default=None, description="ids of steps that must succeed first")
     timeout_s: int | None = Field(default=None, description="the step's timeout in seconds")
     retries: int | None = Field(default=None, description="retries on retryable errors")

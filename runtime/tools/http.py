@@ -1,8 +1,27 @@
-"""The ``http`` tool: one request with urllib, in the worker process.
+"""The ``http`` tool: one request per hop, behind the egress guard, in a
+helper process of its own.
 
-Params: ``{"method", "url", "headers", "body", "timeout_s"}``. Only http and
-https URLs. The response body is read up to ``EXECGO_HTTP_MAX_BODY_BYTES``
-(the rest is not downloaded). A 2xx/3xx response is a success; 4xx/5xx is
+Params: ``{"method", "url", "headers", "body", "timeout_s",
+"follow_redirects"}``. Only http and https URLs. The worker resolves the
+host once and checks the address (runtime/egress.py: loopback, private,
+link-local, metadata and the other internal classes are ``denied`` unless
+``EXECGO_HTTP_ALLOWED_NETWORKS`` lists them), then starts the helper
+(runtime/http_helper.py) that connects to that address only, keeping the
+Host header and, for https, the server name and certificate check of the
+URL's host. The helper runs with a built environment, no inherited
+descriptors, the step's uid, rlimits of its own and, in the
+``linux_sandbox`` profile, inside bubblewrap (read-only host, the data
+directory hidden, own PID and user namespaces) on the host's network: the
+checked address may be an allow-listed one on the host's loopback, which a
+network namespace behind pasta cannot reach. So a response that takes the
+parser over finds no database credentials in its process; what it could
+still reach is the network, with the step's uid.
+
+Redirects are not followed unless ``follow_redirects`` (0 to
+``MAX_REDIRECTS``) says how many; each hop goes through the guard again,
+and headers that carry credentials are dropped when a hop changes origin.
+The response body is read up to ``EXECGO_HTTP_MAX_BODY_BYTES`` (the rest is
+not downloaded). A 2xx/3xx response is a success; 4xx/5xx is
 ``external_failure`` with the response still in ``output`` (retryable for
 408, 429 and 5xx); connection failures are retryable ``external_failure``,
 a timeout is ``timeout``.
@@ -10,20 +29,33 @@ a timeout is ``timeout``.
 
 from __future__ import annotations
 
-import http.client
+import base64
 import json
-import socket
-import urllib.error
-import urllib.request
+import os
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from django.conf import settings
 
+from runtime import egress
 from runtime.envelopes import EnvelopeError, error_envelope
+from runtime.sandbox import bwrap_argv, bwrap_path
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 RETRYABLE_STATUS = {408, 429}
+REDIRECT_STATUS = {301, 302, 303, 307, 308}
+MAX_REDIRECTS = 5
+PARAMS = {"method", "url", "headers", "body", "timeout_s", "follow_redirects"}
+# Sent to the origin it was meant for only.
+CREDENTIAL_HEADERS = {"authorization", "cookie", "proxy-authorization"}
+HELPER_PATH = Path(__file__).resolve().parent.parent / "http_helper.py"
+HELPER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+HELPER_ADDRESS_SPACE_BYTES = 1024 * 1024 * 1024
+# Time the helper gets past the request's own timeout to start and answer.
+HELPER_GRACE_S = 5.0
 
 
 def max_body_bytes() -> int:
@@ -37,7 +69,7 @@ def _invalid(message: str, **details: Any) -> EnvelopeError:
 def validate_params(params: Any) -> None:
     if not isinstance(params, dict):
         raise _invalid("http params must be an object")
-    unknown = sorted(set(params) - {"method", "url", "headers", "body", "timeout_s"})
+    unknown = sorted(set(params) - PARAMS)
     if unknown:
         raise _invalid(f"unknown http params: {', '.join(unknown)}", unknown=unknown)
     method = params.get("method", "GET")
@@ -64,6 +96,10 @@ def validate_params(params: Any) -> None:
     timeout = params.get("timeout_s")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
         raise _invalid("timeout_s must be a positive number")
+    follow = params.get("follow_redirects", 0)
+    if isinstance(follow, bool) or not isinstance(follow, int) or not 0 <= follow <= MAX_REDIRECTS:
+        raise _invalid(f"follow_redirects must be a whole number from 0 to {MAX_REDIRECTS}",
+                       follow_redirects=follow)
 
 
 def _decode(data: bytes, content_type: str | None) -> str:
@@ -78,8 +114,79 @@ def _decode(data: bytes, content_type: str | None) -> str:
         return data.decode("utf-8", errors="replace")
 
 
-def run(params: dict[str, Any], *, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-    """Make the request -> (output, details, error envelope or None)."""
+
+
+def _timeout_envelope(timeout: float) -> dict[str, Any]:
+    return error_envelope("timeout", f"http request exceeded timeout {int(timeout * 1000)}ms", retryable=True,
+                          details={"timeout_ms": int(timeout * 1000)})
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _helper_argv(plan: dict[str, Any], workspace: Path) -> list[str]:
+    helper = [settings.EXECGO_HTTP_HELPER_PYTHON, "-I", "-S", "-c", _helper_source()]
+    if plan.get("profile") != "linux_sandbox":
+        return helper
+    bwrap = bwrap_path()
+    if not bwrap:
+        raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
+    # The host's network: the address is checked already (see the module docstring).
+    return bwrap_argv(bwrap=bwrap, workspace=str(workspace), cwd=str(workspace), env=HELPER_ENV,
+                      uid=plan.get("uid"), gid=plan.get("gid"), limits=plan.get("limits") or {},
+                      network="host") + helper
+
+
+_source: list[str] = []
+
+
+def _helper_source() -> str:
+    if not _source:
+        _source.append(HELPER_PATH.read_text())
+    return _source[0]
+
+
+def _call_helper(spec: dict[str, Any], *, plan: dict[str, Any], workspace: Path, directory: Path,
+                 timeout: float) -> dict[str, Any]:
+    """Run one request in the helper -> its reply (``{"error": "timeout"}`` when it overran)."""
+    output_path = directory / "http-reply.json"
+    output_cap = 2 * max_body_bytes() + 1024 * 1024  # base64 of the body, the headers, the JSON around them
+    spec["limits"] = {"address_space_bytes": HELPER_ADDRESS_SPACE_BYTES, "cpu_seconds": int(timeout) + 2,
+                      "output_bytes": output_cap}
+    uid, gid = plan.get("uid"), plan.get("gid")
+    drop = uid is not None and os.geteuid() == 0
+    with open(output_path, "wb") as out:
+        process = subprocess.Popen(
+            _helper_argv(plan, workspace), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.DEVNULL,
+            env=HELPER_ENV, cwd="/", close_fds=True, start_new_session=True,
+            **({"user": uid, "group": gid if gid is not None else uid, "extra_groups": []} if drop else {}),
+        )  # fmt: skip
+        try:
+            process.communicate(json.dumps(spec).encode(), timeout=timeout + HELPER_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+            return {"error": "timeout", "message": "the request's process overran"}
+    try:
+        raw = output_path.read_bytes()
+    finally:
+        output_path.unlink(missing_ok=True)
+    try:
+        reply = json.loads(raw)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        return {"error": "failed", "message": f"the request's process ended (exit {process.returncode}) "
+                                              f"without an answer"}
+    return reply
+
+
+def run(params: dict[str, Any], *, timeout_s: float, plan: dict[str, Any], workspace: Path, directory: Path
+        ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """Make the request -> (output, details, error envelope or None).
+    Raises EnvelopeError(denied) when a hop's destination is internal."""
     validate_params(params)
     method = params.get("method", "GET").upper()
     headers = dict(params.get("headers") or {})
@@ -89,40 +196,61 @@ def run(params: dict[str, Any], *, timeout_s: float) -> tuple[dict[str, Any], di
         headers.setdefault("Content-Type", "application/json")
     else:
         data = body.encode() if body is not None else None
+    headers.setdefault("User-Agent", "ExecGo-http")
+    headers.setdefault("Connection", "close")
     timeout = min(float(params.get("timeout_s") or timeout_s), timeout_s)
-    request = urllib.request.Request(params["url"], data=data, headers=headers, method=method)
-    details: dict[str, Any] = {"method": method, "url": params["url"]}
-    try:
-        try:
-            response = urllib.request.urlopen(request, timeout=timeout)
-        except urllib.error.HTTPError as exc:
-            response = exc  # a 4xx/5xx still has a status, headers and a body
-        with response:
-            status = response.status if hasattr(response, "status") else response.code
-            raw = response.read(max_body_bytes() + 1)
-            content_type = response.headers.get("Content-Type")
-            response_headers = {k: v for k, v in response.headers.items()}
-    except TimeoutError:
-        return {}, details, error_envelope(
-            "timeout", f"http request exceeded timeout {int(timeout * 1000)}ms", retryable=True,
-            details={"timeout_ms": int(timeout * 1000)},
-        )  # fmt: skip
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, TimeoutError | socket.timeout):
-            return {}, details, error_envelope(
-                "timeout", f"http request exceeded timeout {int(timeout * 1000)}ms", retryable=True,
-                details={"timeout_ms": int(timeout * 1000)},
-            )  # fmt: skip
-        return {}, details, error_envelope("external_failure", f"http request failed: {reason}", retryable=True)
-    except (OSError, http.client.HTTPException) as exc:
-        return {}, details, error_envelope("external_failure", f"http request failed: {exc!r}", retryable=True)
-    truncated = len(raw) > max_body_bytes()
-    raw = raw[: max_body_bytes()]
+    deadline = time.monotonic() + timeout
+    url = params["url"]
+    details: dict[str, Any] = {"method": method, "url": url}
+    redirects: list[dict[str, Any]] = []
+    for hop in range(params.get("follow_redirects", 0) + 1):
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return {}, details, _timeout_envelope(timeout)
+        extra = {"url": url, "hop": hop} if hop else {}
+        destination = egress.check_destination(parts.hostname or "", port, timeout_s=remaining, **extra)
+        details["address"] = destination.address
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        spec = {"address": destination.address, "port": port, "family": destination.family, "scheme": parts.scheme,
+                "host": parts.hostname, "method": method, "target": target, "headers": headers,
+                "body_b64": base64.b64encode(data).decode() if data is not None else None,
+                "timeout_s": max(remaining, 0.001), "max_body_bytes": max_body_bytes()}
+        reply = _call_helper(spec, plan=plan, workspace=workspace, directory=directory,
+                             timeout=max(remaining, 0.001))
+        if reply.get("error") == "timeout":
+            return {}, details, _timeout_envelope(timeout)
+        if "error" in reply:
+            return {}, details, error_envelope("external_failure", f"http request failed: {reply.get('message')}",
+                                               retryable=True)
+        status = int(reply["status"])
+        response_headers = {str(k): str(v) for k, v in reply["headers"]}
+        location = next((v for k, v in response_headers.items() if k.lower() == "location"), None)
+        if status in REDIRECT_STATUS and location and hop < params.get("follow_redirects", 0):
+            following = urljoin(url, location)
+            if urlsplit(following).scheme not in ("http", "https"):
+                break
+            redirects.append({"status_code": status, "location": following})
+            if _origin(following) != _origin(url):
+                headers = {k: v for k, v in headers.items() if k.lower() not in CREDENTIAL_HEADERS}
+            if status == 303 or (status in (301, 302) and method == "POST"):
+                method = "GET" if method != "HEAD" else method
+                data = None
+                headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+            url = following
+            continue
+        break
+    raw = base64.b64decode(reply["body_b64"])
+    content_type = next((v for k, v in response_headers.items() if k.lower() == "content-type"), None)
     output = {"status_code": status, "body": _decode(raw, content_type)}
-    details.update(
-        {"status_code": status, "headers": response_headers, "body_bytes": len(raw), "body_truncated": truncated}
-    )
+    details.update({"status_code": status, "headers": response_headers, "body_bytes": len(raw),
+                    "body_truncated": bool(reply.get("truncated"))})
+    if redirects:
+        details["redirects"] = redirects
+        details["final_url"] = url
     error = None
     if status >= 400:
         error = error_envelope(
