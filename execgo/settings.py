@@ -422,13 +422,13 @@ EXECGO_LLM_BACKOFF_S = env_float("EXECGO_LLM_BACKOFF_S", 0.5)
 EXECGO_CONTEXT_BUDGET_BYTES = env_int("EXECGO_CONTEXT_BUDGET_BYTES", 64 * 1024)
 EXECGO_MEMORY_RECALL_LIMIT = env_int("EXECGO_MEMORY_RECALL_LIMIT", 50)
 EXECGO_MEMORY_OUTPUT_BYTES = env_int("EXECGO_MEMORY_OUTPUT_BYTES", 1024)
-# Outgoing webhooks (runs/webhooks.py): signed with EXECGO_WEBHOOK_SECRET,
-# retried with exponential backoff. Approval notifications are sent only
-# when both the URL and the secret are set.
+# Outgoing webhooks (runs/webhooks.py): signed with their tenant's own secret
+# (Tenant.webhook_secret, in the admin; the one shared EXECGO_WEBHOOK_SECRET
+# is retired), retried with exponential backoff. Approval notifications are
+# sent only when the URL is set.
 EXECGO_APPROVAL_WEBHOOK_URL = env_str("EXECGO_APPROVAL_WEBHOOK_URL", "")
 if EXECGO_APPROVAL_WEBHOOK_URL and not EXECGO_APPROVAL_WEBHOOK_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured("EXECGO_APPROVAL_WEBHOOK_URL must be an http:// or https:// URL")
-EXECGO_WEBHOOK_SECRET = env_str("EXECGO_WEBHOOK_SECRET", "")  # never logged
 EXECGO_WEBHOOK_TIMEOUT_S = env_float("EXECGO_WEBHOOK_TIMEOUT_S", 5.0)
 EXECGO_WEBHOOK_MAX_ATTEMPTS = env_int("EXECGO_WEBHOOK_MAX_ATTEMPTS", 8)
 if EXECGO_WEBHOOK_MAX_ATTEMPTS < 1:
