@@ -57,6 +57,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before the session and the view: it may hold a login POST back (execgo/auth.py).
+    "execgo.auth.LoginThrottleMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -133,10 +135,19 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Login rate limit (django-axes): this many failures for one username from
-# one address lock that pair out for the cool-off time.
+# one address lock that pair out for the cool-off time. Never the username
+# alone (anyone could lock an approver out): failures for one username from
+# many addresses slow its logins down instead (execgo/auth.py).
 AXES_FAILURE_LIMIT = env_int("EXECGO_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("EXECGO_LOGIN_COOLOFF_S", 900))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The TCP peer, or behind these proxies what they appended to X-Forwarded-For
+# (never what a client wrote there); spelled out so that installing
+# django-ipware could never make the header believed.
+AXES_CLIENT_IP_CALLABLE = "execgo.auth.client_address"
+EXECGO_TRUSTED_PROXIES = env_list("EXECGO_TRUSTED_PROXIES", [])
+EXECGO_LOGIN_THROTTLE_AFTER = env_int("EXECGO_LOGIN_THROTTLE_AFTER", 10)
+EXECGO_LOGIN_THROTTLE_MAX_S = env_float("EXECGO_LOGIN_THROTTLE_MAX_S", 2.0)
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 AXES_VERBOSE = False
