@@ -1,6 +1,38 @@
-"""Authentication backends."""
+"""Authentication backends, the client's address, and the per-username
+login throttle.
 
+A login failure locks out one username *from one address*
+(``AXES_LOCKOUT_PARAMETERS``): an attacker who knows an approver's username
+can lock only their own address out, never the approver signing in from
+anywhere else. The address is the TCP peer's (``client_address``); an
+``X-Forwarded-For`` header is believed only when it arrives from a proxy
+named in ``EXECGO_TRUSTED_PROXIES``, and then only its right-most entry that
+is not such a proxy (the one the proxy itself appended): whatever a client
+writes into the header sits to the left of it.
+
+Many failures for one username from many addresses (a spray across a
+botnet) lock nothing: they slow down every further login attempt for that
+username (``LoginThrottleMiddleware``), by a delay that grows with the
+failures and never exceeds ``EXECGO_LOGIN_THROTTLE_MAX_S``, before the
+password is checked. The approver still signs in, at most that much later.
+"""
+
+import asyncio
+import ipaddress
+import logging
+
+from asgiref.sync import markcoroutinefunction, sync_to_async
 from axes.backends import AxesStandaloneBackend
+from axes.models import AccessAttempt
+from django.conf import settings
+from django.db.models import Sum
+from django.urls import reverse
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+THROTTLE_HEADER = "X-Login-Throttle"  # seconds the attempt was held back
+FIRST_DELAY_S = 0.25  # the first throttled attempt's delay; it doubles with each failure after
 
 
 class LoginRateLimitBackend(AxesStandaloneBackend):
@@ -15,3 +47,77 @@ class LoginRateLimitBackend(AxesStandaloneBackend):
         if request is None:
             return None
         return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def _address(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        return None
+
+
+def client_address(request) -> str:
+    """The address of the client (``AXES_CLIENT_IP_CALLABLE``): the TCP peer,
+    or, when the peer is a trusted proxy, the right-most address of
+    ``X-Forwarded-For`` that is not a trusted proxy."""
+    peer = request.META.get("REMOTE_ADDR", "") or ""
+    trusted = set(settings.EXECGO_TRUSTED_PROXIES)
+    if not trusted or peer not in trusted:
+        return peer
+    for entry in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):
+        address = _address(entry)
+        if address is None:
+            return peer  # not what a proxy writes: believe nothing further left
+        if address not in trusted:
+            return address
+    return peer
+
+
+def username_failures(username: str) -> int:
+    """Failed logins for ``username`` within the cool-off time, from every address."""
+    since = timezone.now() - settings.AXES_COOLOFF_TIME
+    total = AccessAttempt.objects.filter(username=username, attempt_time__gte=since).aggregate(
+        total=Sum("failures_since_start"))["total"]
+    return total or 0
+
+
+def throttle_delay(failures: int) -> float:
+    """Seconds to hold back a login attempt for a username with ``failures``
+    recent failures: none below ``EXECGO_LOGIN_THROTTLE_AFTER``, then
+    doubling from FIRST_DELAY_S, capped at ``EXECGO_LOGIN_THROTTLE_MAX_S``."""
+    excess = failures - settings.EXECGO_LOGIN_THROTTLE_AFTER
+    if excess < 0:
+        return 0.0
+    return min(FIRST_DELAY_S * 2 ** min(excess, 16), settings.EXECGO_LOGIN_THROTTLE_MAX_S)
+
+
+class LoginThrottleMiddleware:
+    """Holds back a login POST for a username under a spray of failures.
+
+    Asynchronous on purpose: under Daphne every synchronous view of a process
+    runs on one thread, so a ``time.sleep`` here would hold up every page of
+    every user, and the attacker's failures would slow the whole site. An
+    ``asyncio.sleep`` holds up only this request. (Under WSGI, Django runs it
+    in a thread of its own per request.)
+    """
+
+    async_capable = True
+    sync_capable = False
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request):
+        delay = 0.0
+        if request.method == "POST" and request.path in (reverse("login"), reverse("admin:login")):
+            username = request.POST.get("username", "")
+            if username:
+                delay = throttle_delay(await sync_to_async(username_failures)(username))
+        if delay:
+            logger.warning("login for a username under repeated failures held back %.2fs", delay)
+            await asyncio.sleep(delay)
+        response = await self.get_response(request)
+        if delay:
+            response[THROTTLE_HEADER] = f"{delay:.2f}"
+        return response

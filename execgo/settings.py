@@ -57,6 +57,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Before the session and the view: it may hold a login POST back (execgo/auth.py).
+    "execgo.auth.LoginThrottleMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -133,10 +135,19 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Login rate limit (django-axes): this many failures for one username from
-# one address lock that pair out for the cool-off time.
+# one address lock that pair out for the cool-off time. Never the username
+# alone (anyone could lock an approver out): failures for one username from
+# many addresses slow its logins down instead (execgo/auth.py).
 AXES_FAILURE_LIMIT = env_int("EXECGO_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("EXECGO_LOGIN_COOLOFF_S", 900))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The TCP peer, or behind these proxies what they appended to X-Forwarded-For
+# (never what a client wrote there); spelled out so that installing
+# django-ipware could never make the header believed.
+AXES_CLIENT_IP_CALLABLE = "execgo.auth.client_address"
+EXECGO_TRUSTED_PROXIES = env_list("EXECGO_TRUSTED_PROXIES", [])
+EXECGO_LOGIN_THROTTLE_AFTER = env_int("EXECGO_LOGIN_THROTTLE_AFTER", 10)
+EXECGO_LOGIN_THROTTLE_MAX_S = env_float("EXECGO_LOGIN_THROTTLE_MAX_S", 2.0)
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 AXES_VERBOSE = False
@@ -429,13 +440,13 @@ EXECGO_LLM_BACKOFF_S = env_float("EXECGO_LLM_BACKOFF_S", 0.5)
 EXECGO_CONTEXT_BUDGET_BYTES = env_int("EXECGO_CONTEXT_BUDGET_BYTES", 64 * 1024)
 EXECGO_MEMORY_RECALL_LIMIT = env_int("EXECGO_MEMORY_RECALL_LIMIT", 50)
 EXECGO_MEMORY_OUTPUT_BYTES = env_int("EXECGO_MEMORY_OUTPUT_BYTES", 1024)
-# Outgoing webhooks (runs/webhooks.py): signed with EXECGO_WEBHOOK_SECRET,
-# retried with exponential backoff. Approval notifications are sent only
-# when both the URL and the secret are set.
+# Outgoing webhooks (runs/webhooks.py): signed with their tenant's own secret
+# (Tenant.webhook_secret, in the admin; the one shared EXECGO_WEBHOOK_SECRET
+# is retired), retried with exponential backoff. Approval notifications are
+# sent only when the URL is set.
 EXECGO_APPROVAL_WEBHOOK_URL = env_str("EXECGO_APPROVAL_WEBHOOK_URL", "")
 if EXECGO_APPROVAL_WEBHOOK_URL and not EXECGO_APPROVAL_WEBHOOK_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured("EXECGO_APPROVAL_WEBHOOK_URL must be an http:// or https:// URL")
-EXECGO_WEBHOOK_SECRET = env_str("EXECGO_WEBHOOK_SECRET", "")  # never logged
 EXECGO_WEBHOOK_TIMEOUT_S = env_float("EXECGO_WEBHOOK_TIMEOUT_S", 5.0)
 EXECGO_WEBHOOK_MAX_ATTEMPTS = env_int("EXECGO_WEBHOOK_MAX_ATTEMPTS", 8)
 if EXECGO_WEBHOOK_MAX_ATTEMPTS < 1:

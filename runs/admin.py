@@ -12,12 +12,14 @@ JSON columns are shown as indented JSON, never as inputs (the helpers, shared
 with the runtime admin, live in ``runtime.admin``).
 
 Every admin here is tenant-scoped or superuser-only (``runs.admin_scope``);
-so are Django's users and DRF's tokens, registered again below.
+so are Django's users and DRF's tokens, registered again below. Changes to
+tenants, memberships, users, groups and policy rules are audited
+(``runs.admin_audit``).
 """
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -28,6 +30,7 @@ from rest_framework.authtoken.admin import TokenAdmin
 from rest_framework.authtoken.models import TokenProxy
 
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP
+from runs.admin_audit import AuditedAdminMixin, AuditedUserAdminMixin
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
 from runs.errors import ExecGoError
 from runs.models import (
@@ -56,6 +59,7 @@ from runs.policy import (
 from runs.services import run_cancel
 from runs.statemachine import display_group
 from runs.transitions import TransitionLost
+from runs.webhooks import webhook_secret_rotate
 from runtime.admin import PrettyJSONMixin, badge
 
 
@@ -149,17 +153,40 @@ class ReadOnlyInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(TenantScopedAdmin, admin.ModelAdmin):
-    """A tenant's staff see (and may rename) their own tenant; tenants come
-    and go with the operator."""
+class TenantAdmin(AuditedAdminMixin, TenantScopedAdmin, admin.ModelAdmin):
+    """A tenant's staff see (and may rename) their own tenant, read its
+    webhook secret and rotate it; tenants come and go with the operator."""
 
     tenant_path = "pk"
+    audit_secret_fields = frozenset({"webhook_secret"})
 
     list_display = ("name", "id", "created_at")
     ordering = ("name",)  # autocomplete pages through it
     search_fields = ("name",)
     list_filter = ("created_at",)
-    readonly_fields = ("created_at",)
+    readonly_fields = ("created_at", "webhook_signing_secret")
+    actions = ("rotate_webhook_secret",)
+
+    def audit_tenant_ids(self, obj, before, after):
+        return [obj.pk]
+
+    @admin.display(description="webhook secret")
+    def webhook_signing_secret(self, tenant: Tenant):
+        # Only on the tenant's own change page, which only its staff and the
+        # operator can open (tenant_path); never in the list.
+        return format_html("<code>{}</code>", tenant.webhook_secret) if tenant.pk else "generated on save"
+
+    def has_rotate_permission(self, request) -> bool:
+        return self.has_change_permission(request)
+
+    @admin.action(description="Rotate webhook secret", permissions=["rotate"])
+    def rotate_webhook_secret(self, request, queryset):
+        rotated = []
+        for tenant in queryset.order_by("pk"):
+            webhook_secret_rotate(tenant=tenant, actor=request.user)
+            rotated.append(tenant.name)
+        self.message_user(request, f"New webhook secret for {', '.join(rotated)}: every delivery attempt from now on is signed with it.",
+                          messages.SUCCESS)
 
     def has_add_permission(self, request) -> bool:
         return is_operator(request)
@@ -169,7 +196,7 @@ class TenantAdmin(TenantScopedAdmin, admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(TenantScopedAdmin, admin.ModelAdmin):
+class MembershipAdmin(AuditedAdminMixin, TenantScopedAdmin, admin.ModelAdmin):
     """Putting a user in a tenant, or moving one out, is the operator's:
     a tenant's staff only see who is in theirs."""
 
@@ -195,7 +222,7 @@ admin.site.unregister(User)
 
 
 @admin.register(User)
-class TenantUserAdmin(TenantScopedAdmin, UserAdmin):
+class TenantUserAdmin(AuditedUserAdminMixin, TenantScopedAdmin, UserAdmin):
     """A tenant's staff manage their tenant's users, never a superuser (the
     operator's account, whose password would be the whole installation), and
     never grant superuser status, permissions one by one or a group other
@@ -226,6 +253,14 @@ class TenantUserAdmin(TenantScopedAdmin, UserAdmin):
         super().save_model(request, obj, form, change)
         if not change and not is_operator(request):
             Membership.objects.create(user=obj, tenant_id=staff_tenant_id(request))
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(SuperuserOnlyAdmin, AuditedAdminMixin, GroupAdmin):
+    """Groups (the roles and their permissions) are the operator's."""
 
 
 admin.site.unregister(TokenProxy)
@@ -482,7 +517,7 @@ class PolicyRuleForm(forms.ModelForm):
 
 
 @admin.register(PolicyRule)
-class PolicyRuleAdmin(SuperuserOnlyAdmin, admin.ModelAdmin):
+class PolicyRuleAdmin(SuperuserOnlyAdmin, AuditedAdminMixin, admin.ModelAdmin):
     """Every change goes through runs.policy, which bumps the policy version
     in the same transaction, so a PolicyDecisionTrace names the rules it saw.
     One policy rates every tenant's runs: it is the operator's."""

@@ -24,16 +24,26 @@ The request
 and the headers ``X-ExecGo-Event`` (the event), ``X-ExecGo-Delivery`` (the
 id), ``X-ExecGo-Timestamp`` (unix seconds of this attempt) and
 ``X-ExecGo-Signature: sha256=<hex>``, where the hex is
-``HMAC-SHA256(EXECGO_WEBHOOK_SECRET, f"{timestamp}.".encode() + body)``.
-Only the timestamp and the body are signed: a receiver reads the event and
-the id from the (signed) body, not from the headers.
+``HMAC-SHA256(tenant.webhook_secret, f"{timestamp}.{url}.".encode() + body)``.
+
+The key is the secret of the delivery's tenant (``Tenant.webhook_secret``:
+each tenant has its own, shown to its staff and rotated in the admin), read
+at each attempt, so a rotation applies to every attempt after it, those of
+deliveries already queued included. A delivery of no tenant (its tenant was
+deleted) has nothing to be signed with and is marked ``failed``. The signed
+content names the URL the request was sent to, exactly as ExecGo holds it:
+a request captured on its way to one receiver does not verify at another
+that shares the tenant's secret. The timestamp, the URL and the body are
+signed: a receiver reads the event and the id from the (signed) body, not
+from the headers.
 
 Checking a request (what ``verify`` does)
 -----------------------------------------
 
 1. Read the raw body bytes; do not re-serialise the parsed JSON.
-2. Recompute the HMAC over ``b"<timestamp>." + body`` with the shared secret
-   and compare it to the signature header with ``hmac.compare_digest``
+2. Recompute the HMAC over ``b"<timestamp>.<url>." + body`` with the
+   tenant's secret and the receiver's own URL as configured in ExecGo, and
+   compare it to the signature header with ``hmac.compare_digest``
    (constant time; ``==`` leaks how many leading characters matched).
 3. Refuse a timestamp more than ``tolerance_s`` (300) seconds from now, so a
    captured request cannot be replayed later; within the window, deduplicate
@@ -58,7 +68,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import Run, Step, WebhookDelivery, WebhookStatus
+from runs.audit import audit
+from runs.models import AuditEvent, Run, Step, Tenant, WebhookDelivery, WebhookStatus
+from runs.models.run import new_webhook_secret
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +93,21 @@ class WebhookFailed(Exception):
 
 
 def webhook_configured(url: str) -> bool:
-    """Whether notifications to ``url`` can be sent: a URL and a secret to sign them with."""
-    return bool(url and settings.EXECGO_WEBHOOK_SECRET)
+    """Whether notifications to ``url`` can be sent (every tenant has a secret to sign them with)."""
+    return bool(url)
+
+
+def webhook_secret_rotate(*, tenant: Tenant, actor) -> None:
+    """Give ``tenant`` a new webhook secret, audited (never the secret
+    itself). Every attempt from now on is signed with it."""
+    with transaction.atomic():
+        Tenant.objects.filter(pk=tenant.pk).update(webhook_secret=new_webhook_secret())
+        audit(AuditEvent.ADMIN_CHANGED, run_id=None, tenant_id=tenant.pk, actor=actor, caller="admin", data={
+            "model": "runs.tenant", "object_id": str(tenant.pk), "object_repr": str(tenant)[:200],
+            "action": "changed", "before": None, "after": {"webhook_secret": "webhook_secret rotated"},
+            "changed_fields": ["webhook_secret"],
+        })
+    tenant.refresh_from_db(fields=["webhook_secret"])
 
 
 def webhook_notify(event: str, payload: dict, *, url: str, run_id: int | None = None,
@@ -97,16 +122,17 @@ def webhook_notify(event: str, payload: dict, *, url: str, run_id: int | None = 
     transaction.on_commit(lambda pk=delivery.pk: current_app.signature(DELIVER_WEBHOOK, args=(pk,)).apply_async())
 
 
-def sign(secret: str, timestamp: int, body: bytes) -> str:
-    """The hex HMAC-SHA256 of ``b"<timestamp>." + body``."""
-    return hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+def sign(secret: str, timestamp: int, url: str, body: bytes) -> str:
+    """The hex HMAC-SHA256 of ``b"<timestamp>.<url>." + body``."""
+    return hmac.new(secret.encode(), f"{timestamp}.{url}.".encode() + body, hashlib.sha256).hexdigest()
 
 
-def verify(secret: str, headers: Mapping[str, str], body: bytes, *, tolerance_s: int = 300,
+def verify(secret: str, headers: Mapping[str, str], body: bytes, *, url: str, tolerance_s: int = 300,
            now: float | None = None) -> bool:
-    """Whether a request carries a valid signature of ``body`` by ``secret``,
-    made within ``tolerance_s`` of ``now``. Header names are matched without
-    regard to case (``headers`` may be a dict or an ``http.client`` message)."""
+    """Whether a request to ``url`` carries a valid signature of ``body`` by
+    ``secret``, made within ``tolerance_s`` of ``now``. Header names are
+    matched without regard to case (``headers`` may be a dict or an
+    ``http.client`` message)."""
     if not secret:
         return False
     lowered = {str(name).lower(): value for name, value in headers.items()}
@@ -117,7 +143,7 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, *, tolerance_s:
         return False
     if abs((time.time() if now is None else now) - timestamp) > tolerance_s:
         return False  # outside the replay window
-    expected = f"sha256={sign(secret, timestamp, body)}"
+    expected = f"sha256={sign(secret, timestamp, url, body)}"
     return hmac.compare_digest(expected.encode(), signature.encode())
 
 
@@ -178,9 +204,9 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str, bool]:
     """POST the delivery once: (HTTP status or None, error, whether retrying is pointless)."""
     if urlsplit(delivery.url).scheme not in ("http", "https"):
         return None, "the URL is not http:// or https://", True
-    secret = settings.EXECGO_WEBHOOK_SECRET
+    secret = Tenant.objects.filter(pk=delivery.tenant_id).values_list("webhook_secret", flat=True).first()
     if not secret:
-        return None, "EXECGO_WEBHOOK_SECRET is not set on this worker", False
+        return None, "the delivery has no tenant whose secret could sign it", True
     body = json.dumps({"id": delivery.pk, "event": delivery.event, "created_at": delivery.created_at.isoformat(),
                        "data": delivery.payload}, separators=(",", ":")).encode()
     timestamp = int(time.time())
@@ -190,7 +216,7 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str, bool]:
         EVENT_HEADER: delivery.event,
         DELIVERY_HEADER: str(delivery.pk),
         TIMESTAMP_HEADER: str(timestamp),
-        SIGNATURE_HEADER: f"sha256={sign(secret, timestamp, body)}",
+        SIGNATURE_HEADER: f"sha256={sign(secret, timestamp, delivery.url, body)}",
     })
     try:
         with _opener.open(request, timeout=settings.EXECGO_WEBHOOK_TIMEOUT_S) as response:

@@ -9,6 +9,7 @@ Run lifecycle (the full table is data in ``runs.statemachine``)::
 ``Run.state`` is written only by ``runs.transitions.run_transition``.
 """
 
+import secrets
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -21,9 +22,16 @@ from runs.statemachine import FINAL, FINAL_STATE_FOR_CAUSE, ClosingCause, RunSta
 S = RunState
 
 
+def new_webhook_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
 class Tenant(models.Model):
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The HMAC key of this tenant's webhooks (runs.webhooks); shown to its
+    # staff and rotated in the admin, never in a form, a list or a log.
+    webhook_secret = models.CharField(max_length=64, default=new_webhook_secret, editable=False)
 
     def __str__(self) -> str:
         return self.name

@@ -28,7 +28,7 @@ from runs.webhooks import WebhookFailed, retry_delay, sign, verify, webhook_deli
 from tests.conftest import WorkerProcess, make_user, purge_broker, wait_for_run, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "s3cret-for-tests"
+SECRET = "s3cret-for-tests"  # of the sign/verify tests; a delivery is signed with its tenant's own
 MAX_ATTEMPTS = 3  # the worker's and the test process's EXECGO_WEBHOOK_MAX_ATTEMPTS
 # A high-risk plan (the seeded "install" rule) that is harmless once approved.
 HIGH_RISK_PLAN = {"steps": [{"id": "s0", "tool": "shell", "params": {"argv": ["echo", "pip", "install", "requests"]}}]}
@@ -38,9 +38,11 @@ HIGH_RISK_PLAN = {"steps": [{"id": "s0", "tool": "shell", "params": {"argv": ["e
 
 
 class Receiver:
-    """Checks every request with ``runs.webhooks.verify``; answers 503 to the
-    first ``failures`` attempts of each delivery id (every attempt while
-    ``down``), then 200, and records the valid requests it accepted."""
+    """Checks every request with ``runs.webhooks.verify`` against its own URL
+    and the tenant secrets it is given (``secrets``: secret → tenant id);
+    answers 503 to the first ``failures`` attempts of each delivery id (every
+    attempt while ``down``), then 200, and records the valid requests it
+    accepted (and, in ``signed_by``, which tenant's secret each verified with)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -61,7 +63,9 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{self.origin}/hooks"
+        self.secrets: dict[str, int] = {}
 
     def reset(self, *, failures: int = 2, down: bool = False) -> None:
         with self.lock:
@@ -70,14 +74,18 @@ class Receiver:
             self.accepted: list[dict] = []  # the bodies answered 200
             self.invalid = 0
             self.paths: list[str] = []
+            self.signed_by: dict[int, int] = {}  # delivery id → the tenant whose secret verified it
 
     def answer(self, path: str, headers, body: bytes) -> int:
         with self.lock:
             self.paths.append(path)
-            if not verify(SECRET, headers, body):
+            signers = [tenant for secret, tenant in self.secrets.items()
+                       if verify(secret, headers, body, url=self.origin + path)]
+            if not signers:
                 self.invalid += 1
                 return 401
             envelope = json.loads(body)
+            self.signed_by[envelope["id"]] = signers[0]
             assert headers["X-ExecGo-Delivery"] == str(envelope["id"])
             assert headers["X-ExecGo-Event"] == envelope["event"]
             assert headers["Content-Type"] == "application/json"
@@ -110,8 +118,9 @@ def receiver_server():
 
 
 @pytest.fixture
-def receiver(receiver_server):
+def receiver(receiver_server, tenant):
     receiver_server.reset()
+    receiver_server.secrets = {tenant.webhook_secret: tenant.pk}
     return receiver_server
 
 
@@ -119,16 +128,19 @@ def receiver(receiver_server):
 def webhook_settings(settings, receiver_server):
     """The test process's side: it decides approvals and runs webhook_deliver in the in-process tests."""
     settings.EXECGO_APPROVAL_WEBHOOK_URL = receiver_server.url
-    settings.EXECGO_WEBHOOK_SECRET = SECRET
     settings.EXECGO_WEBHOOK_MAX_ATTEMPTS = MAX_ATTEMPTS
     settings.EXECGO_WEBHOOK_BACKOFF_S = 0.2
     settings.EXECGO_WEBHOOK_TIMEOUT_S = 2.0
     return settings
 
 
-def signed_headers(body: bytes, *, secret: str = SECRET, timestamp: int | None = None) -> dict:
+URL = "https://hooks.example/execgo"
+
+
+def signed_headers(body: bytes, *, secret: str = SECRET, timestamp: int | None = None, url: str = URL) -> dict:
     timestamp = int(time.time()) if timestamp is None else timestamp
-    return {"X-ExecGo-Timestamp": str(timestamp), "X-ExecGo-Signature": f"sha256={sign(secret, timestamp, body)}"}
+    return {"X-ExecGo-Timestamp": str(timestamp),
+            "X-ExecGo-Signature": f"sha256={sign(secret, timestamp, url, body)}"}
 
 
 # --- sign and verify -----------------------------------------------------------
@@ -137,40 +149,48 @@ BODY = b'{"id":1,"event":"approval.requested","data":{"request":7}}'
 
 
 def test_a_signed_body_verifies():
-    assert verify(SECRET, signed_headers(BODY), BODY)
+    assert verify(SECRET, signed_headers(BODY), BODY, url=URL)
     # Header names are matched without regard to case.
-    assert verify(SECRET, {name.lower(): value for name, value in signed_headers(BODY).items()}, BODY)
+    assert verify(SECRET, {name.lower(): value for name, value in signed_headers(BODY).items()}, BODY, url=URL)
 
 
-def test_the_signature_is_the_hmac_of_timestamp_dot_body():
+def test_the_signature_is_the_hmac_of_timestamp_dot_url_dot_body():
     import hashlib
     import hmac
 
-    assert sign("k", 1700000000, b"{}") == hmac.new(b"k", b"1700000000.{}", hashlib.sha256).hexdigest()
+    assert sign("k", 1700000000, "https://h.example/x", b"{}") == hmac.new(
+        b"k", b"1700000000.https://h.example/x.{}", hashlib.sha256).hexdigest()
 
 
 def test_a_tampered_body_is_refused():
-    assert not verify(SECRET, signed_headers(BODY), BODY.replace(b"7", b"8"))
+    assert not verify(SECRET, signed_headers(BODY), BODY.replace(b"7", b"8"), url=URL)
 
 
 def test_a_wrong_secret_is_refused():
-    assert not verify(SECRET, signed_headers(BODY, secret="another secret"), BODY)
-    assert not verify("another secret", signed_headers(BODY), BODY)
-    assert not verify("", signed_headers(BODY, secret=""), BODY)  # no secret never verifies
+    assert not verify(SECRET, signed_headers(BODY, secret="another secret"), BODY, url=URL)
+    assert not verify("another secret", signed_headers(BODY), BODY, url=URL)
+    assert not verify("", signed_headers(BODY, secret=""), BODY, url=URL)  # no secret never verifies
+
+
+@pytest.mark.parametrize("other_url", [URL + "2", URL.replace("https", "http"), "https://evil.example/execgo",
+                                       URL + "?x=1", ""])
+def test_a_signature_for_one_url_is_refused_at_another(other_url):
+    assert not verify(SECRET, signed_headers(BODY), BODY, url=other_url)
+    assert verify(SECRET, signed_headers(BODY, url=other_url), BODY, url=other_url)
 
 
 @pytest.mark.parametrize("skew", [-301, 301, -3600])
 def test_a_timestamp_outside_the_window_is_refused(skew):
     now = time.time()
     stale = signed_headers(BODY, timestamp=int(now) + skew)  # correctly signed, but outside the window
-    assert not verify(SECRET, stale, BODY, now=now)
-    assert verify(SECRET, stale, BODY, now=now, tolerance_s=abs(skew) + 1)
+    assert not verify(SECRET, stale, BODY, url=URL, now=now)
+    assert verify(SECRET, stale, BODY, url=URL, now=now, tolerance_s=abs(skew) + 1)
 
 
 def test_a_replayed_timestamp_does_not_pass_with_another_timestamp():
     headers = signed_headers(BODY)
     headers["X-ExecGo-Timestamp"] = str(int(headers["X-ExecGo-Timestamp"]) + 1)  # "refresh" a captured request
-    assert not verify(SECRET, headers, BODY)
+    assert not verify(SECRET, headers, BODY, url=URL)
 
 
 @pytest.mark.parametrize("headers", [
@@ -180,7 +200,7 @@ def test_a_replayed_timestamp_does_not_pass_with_another_timestamp():
     {"X-ExecGo-Timestamp": str(int(time.time())), "X-ExecGo-Signature": "sha256=é"},
 ])
 def test_malformed_headers_are_refused(headers):
-    assert not verify(SECRET, headers, BODY)
+    assert not verify(SECRET, headers, BODY, url=URL)
 
 
 def test_the_readme_snippet_agrees_with_verify():
@@ -198,9 +218,11 @@ def test_the_readme_snippet_agrees_with_verify():
         (signed_headers(BODY, secret="nope"), BODY),
         (signed_headers(BODY, timestamp=now - 301), BODY),
         ({}, BODY),
+        (signed_headers(BODY, url=URL + "/other"), BODY),
     ]
-    assert [valid(SECRET, headers, body) for headers, body in cases] == [True, False, False, False, False]
-    assert [verify(SECRET, headers, body) for headers, body in cases] == [True, False, False, False, False]
+    expected = [True, False, False, False, False, False]
+    assert [valid(SECRET, URL, headers, body) for headers, body in cases] == expected
+    assert [verify(SECRET, headers, body, url=URL) for headers, body in cases] == expected
 
 
 def test_retry_delay_doubles_up_to_the_cap(settings):
@@ -244,9 +266,8 @@ def notifications(run_id: int) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("url, secret", [("", SECRET), ("http://127.0.0.1:9/hooks", "")], ids=["no-url", "no-secret"])
-def test_no_notification_without_url_and_secret(settings, seeded_policy, tenant, agent, approver, url, secret):
-    settings.EXECGO_APPROVAL_WEBHOOK_URL, settings.EXECGO_WEBHOOK_SECRET = url, secret
+def test_no_notification_without_url(settings, seeded_policy, tenant, agent, approver):
+    settings.EXECGO_APPROVAL_WEBHOOK_URL = ""
     request = advance_to_approval(tenant, agent)
     approval_decide(request=request, digest=request.action_digest, actor=approver, approve=False, comment="no")
     assert ApprovalRequest.objects.get(pk=request.pk).status == "rejected"
@@ -307,13 +328,13 @@ def test_a_voided_request_notifies(webhook_settings, seeded_policy, tenant, agen
 # --- one attempt at a time, in-process --------------------------------------------
 
 
-def delivery_to(url: str) -> WebhookDelivery:
-    return WebhookDelivery.objects.create(event="thing.happened", url=url, payload={"request": 0})
+def delivery_to(url: str, tenant) -> WebhookDelivery:
+    return WebhookDelivery.objects.create(event="thing.happened", url=url, payload={"request": 0}, tenant=tenant)
 
 
 @pytest.mark.django_db
-def test_failed_attempts_are_recorded_and_retried_until_delivered(webhook_settings, receiver):
-    delivery = delivery_to(receiver.url)
+def test_failed_attempts_are_recorded_and_retried_until_delivered(webhook_settings, receiver, tenant):
+    delivery = delivery_to(receiver.url, tenant)
     for attempt, expected_delay in ((1, 0.2), (2, 0.4)):
         with pytest.raises(WebhookFailed) as failed:
             webhook_deliver(delivery.pk)
@@ -339,9 +360,9 @@ def test_failed_attempts_are_recorded_and_retried_until_delivered(webhook_settin
 
 
 @pytest.mark.django_db
-def test_a_receiver_that_always_fails_ends_failed(webhook_settings, receiver):
+def test_a_receiver_that_always_fails_ends_failed(webhook_settings, receiver, tenant):
     receiver.reset(down=True)
-    delivery = delivery_to(receiver.url)
+    delivery = delivery_to(receiver.url, tenant)
     for _ in range(MAX_ATTEMPTS - 1):
         with pytest.raises(WebhookFailed):
             webhook_deliver(delivery.pk)
@@ -355,34 +376,35 @@ def test_a_receiver_that_always_fails_ends_failed(webhook_settings, receiver):
 
 
 @pytest.mark.django_db
-def test_unreachable_receiver_redirects_and_bad_schemes(webhook_settings, receiver):
-    unreachable = delivery_to("http://127.0.0.1:9/hooks")  # the discard port: nobody listens
+def test_unreachable_receiver_redirects_and_bad_schemes(webhook_settings, receiver, tenant):
+    unreachable = delivery_to("http://127.0.0.1:9/hooks", tenant)  # the discard port: nobody listens
     with pytest.raises(WebhookFailed):
         webhook_deliver(unreachable.pk)
     unreachable.refresh_from_db()
     assert unreachable.last_status_code is None and unreachable.last_error
 
-    redirected = delivery_to(receiver.url.replace("/hooks", "/redirect"))
+    redirected = delivery_to(receiver.url.replace("/hooks", "/redirect"), tenant)
     with pytest.raises(WebhookFailed):
         webhook_deliver(redirected.pk)
     redirected.refresh_from_db()
     assert redirected.last_status_code == 302
     assert receiver.paths == ["/redirect"]  # not followed
 
-    local_file = delivery_to("file:///etc/passwd")
+    local_file = delivery_to("file:///etc/passwd", tenant)
     assert webhook_deliver(local_file.pk) is False
     local_file.refresh_from_db()
     assert local_file.status == "failed" and local_file.attempts == 1
 
 
 @pytest.mark.django_db
-def test_without_a_secret_nothing_is_sent(webhook_settings, receiver):
-    webhook_settings.EXECGO_WEBHOOK_SECRET = ""
-    delivery = delivery_to(receiver.url)
-    with pytest.raises(WebhookFailed):
-        webhook_deliver(delivery.pk)
+def test_a_delivery_of_no_tenant_is_never_sent(webhook_settings, receiver):
+    """Its tenant was deleted: there is no secret to sign it with, and none
+    to fall back on."""
+    delivery = delivery_to(receiver.url, None)
+    assert webhook_deliver(delivery.pk) is False
     delivery.refresh_from_db()
-    assert "EXECGO_WEBHOOK_SECRET" in delivery.last_error and SECRET not in delivery.last_error
+    assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("failed", 1, None)
+    assert "no tenant" in delivery.last_error
     assert receiver.paths == []
 
 
@@ -411,7 +433,7 @@ def webhook_worker(django_db_setup, django_db_blocker, receiver_server):
     with django_db_blocker.unblock():
         purge_broker()
         worker = WorkerProcess(hostname="webhooks", env={
-            "EXECGO_APPROVAL_WEBHOOK_URL": receiver_server.url, "EXECGO_WEBHOOK_SECRET": SECRET,
+            "EXECGO_APPROVAL_WEBHOOK_URL": receiver_server.url,
             "EXECGO_WEBHOOK_BACKOFF_S": "0.2", "EXECGO_WEBHOOK_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
             "EXECGO_WEBHOOK_TIMEOUT_S": "2",
         }).start()

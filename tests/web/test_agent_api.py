@@ -13,7 +13,7 @@ from django.db import connection
 
 from runs.models import AuditLog, Event, Run, Trace
 from tests.conftest import WorkerProcess, postgres_only, purge_broker, simple_plan, token_client, wait_for_run
-from tests.runs.test_webhooks import SECRET, Receiver
+from tests.runs.test_webhooks import Receiver
 
 PLAN = simple_plan(["true"])
 
@@ -204,9 +204,10 @@ def callback_receiver():
 @pytest.mark.django_db(transaction=True)
 def test_a_final_run_calls_back_once_even_after_two_failures(callback_receiver, settings, agent):
     settings.EXECGO_CALLBACK_ALLOWED_HOSTS = ["127.0.0.1"]
+    callback_receiver.secrets = {agent.membership.tenant.webhook_secret: agent.membership.tenant_id}
     purge_broker()
     worker = WorkerProcess(hostname="callbacks", env={
-        "EXECGO_WEBHOOK_SECRET": SECRET, "EXECGO_WEBHOOK_BACKOFF_S": "0.2", "EXECGO_WEBHOOK_MAX_ATTEMPTS": "5",
+        "EXECGO_WEBHOOK_BACKOFF_S": "0.2", "EXECGO_WEBHOOK_MAX_ATTEMPTS": "5",
         "EXECGO_CALLBACK_ALLOWED_HOSTS": "127.0.0.1"}).start()
     try:
         client = token_client(agent)
