@@ -12,7 +12,8 @@ JSON columns are shown as indented JSON, never as inputs (the helpers, shared
 with the runtime admin, live in ``runtime.admin``).
 
 Every admin here is tenant-scoped or superuser-only (``runs.admin_scope``);
-so are Django's users and DRF's tokens, registered again below.
+so are Django's users, registered again below, and the API tokens
+(``runs.admin_tokens``).
 """
 
 from django import forms
@@ -24,10 +25,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
-from rest_framework.authtoken.admin import TokenAdmin
-from rest_framework.authtoken.models import TokenProxy
 
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP
+from runs import admin_tokens  # noqa: F401  (registers the API tokens' admin)
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
 from runs.errors import ExecGoError
 from runs.models import (
@@ -226,20 +226,6 @@ class TenantUserAdmin(TenantScopedAdmin, UserAdmin):
         super().save_model(request, obj, form, change)
         if not change and not is_operator(request):
             Membership.objects.create(user=obj, tenant_id=staff_tenant_id(request))
-
-
-admin.site.unregister(TokenProxy)
-
-
-@admin.register(TokenProxy)
-class TenantTokenAdmin(TenantScopedAdmin, TokenAdmin):
-    """API tokens of the tenant's own users (never of a superuser)."""
-
-    tenant_path = "user__membership__tenant"
-
-    def get_queryset(self, request):
-        tokens = super().get_queryset(request)
-        return tokens if is_operator(request) else tokens.filter(user__is_superuser=False)
 
 
 # --- jobs and runs -----------------------------------------------------------
