@@ -65,15 +65,15 @@ def main() -> None:
     import httpx
     from django.contrib.auth.models import User
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
 
     from runs.models import AuditLog, Dispatch, Membership, Run, Tenant
+    from runs.tokens import token_create
 
     call_command("migrate", verbosity=0)
     tenant, _ = Tenant.objects.get_or_create(name="bench-outage")
     user, _ = User.objects.get_or_create(username="bench-outage-agent")
     Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
-    token, _ = Token.objects.get_or_create(user=user)
+    token = token_create(user=user, name="bench", caller="bench")[1]
     first_run = (Run.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
 
     redis = start_redis(redis_port, data_dir)
@@ -84,7 +84,7 @@ def main() -> None:
     accepted: list[int] = []
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                              headers={"Authorization": f"Token {token.key}"})
+                              headers={"Authorization": f"Token {token}"})
         time.sleep(5)  # the worker ready, beat's first ticks
 
         def submit(phase: str) -> None:

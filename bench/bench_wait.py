@@ -51,18 +51,18 @@ def main() -> None:
     import psutil
     from django.contrib.auth.models import User
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
     from execgo.celery import app
     from runs.models import Membership, Run, Tenant
+    from runs.tokens import token_create
 
     call_command("migrate", verbosity=0)
     app.control.purge()
     tenant, _ = Tenant.objects.get_or_create(name="bench-wait")
     user, _ = User.objects.get_or_create(username="bench-wait-agent")
     Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
-    token = Token.objects.get_or_create(user=user)[0].key
+    token = token_create(user=user, name="bench", caller="bench")[1]
     api = APIClient()
     api.force_authenticate(user)
 

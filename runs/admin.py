@@ -12,9 +12,9 @@ JSON columns are shown as indented JSON, never as inputs (the helpers, shared
 with the runtime admin, live in ``runtime.admin``).
 
 Every admin here is tenant-scoped or superuser-only (``runs.admin_scope``);
-so are Django's users and DRF's tokens, registered again below. Changes to
-tenants, memberships, users, groups and policy rules are audited
-(``runs.admin_audit``).
+so are Django's users, registered again below, and the API tokens
+(``runs.admin_tokens``). Changes to tenants, memberships, users, groups and
+policy rules are audited (``runs.admin_audit``).
 """
 
 from django import forms
@@ -26,10 +26,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
-from rest_framework.authtoken.admin import TokenAdmin
-from rest_framework.authtoken.models import TokenProxy
 
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP
+from runs import admin_tokens  # noqa: F401  (registers the API tokens' admin)
 from runs.admin_audit import AuditedAdminMixin, AuditedUserAdminMixin
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
 from runs.errors import ExecGoError
@@ -261,20 +260,6 @@ admin.site.unregister(Group)
 @admin.register(Group)
 class AuditedGroupAdmin(SuperuserOnlyAdmin, AuditedAdminMixin, GroupAdmin):
     """Groups (the roles and their permissions) are the operator's."""
-
-
-admin.site.unregister(TokenProxy)
-
-
-@admin.register(TokenProxy)
-class TenantTokenAdmin(TenantScopedAdmin, TokenAdmin):
-    """API tokens of the tenant's own users (never of a superuser)."""
-
-    tenant_path = "user__membership__tenant"
-
-    def get_queryset(self, request):
-        tokens = super().get_queryset(request)
-        return tokens if is_operator(request) else tokens.filter(user__is_superuser=False)
 
 
 # --- jobs and runs -----------------------------------------------------------

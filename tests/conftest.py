@@ -15,7 +15,6 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from runs.models import Job, Membership, Run, Tenant
@@ -92,10 +91,16 @@ def agent(tenant):
     return make_user("agent", tenant, groups=("agents",))
 
 
+def make_token(user: User, *, name: str = "test", expires_at=None) -> str:
+    """A new API token for ``user``; its key (the one time it is known)."""
+    from runs.tokens import token_create
+
+    return token_create(user=user, name=name, expires_at=expires_at, caller="test")[1]
+
+
 def token_client(user: User) -> APIClient:
     client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {make_token(user)}")
     return client
 
 

@@ -17,11 +17,11 @@ from django.contrib.auth.models import Group, Permission, User
 from django.forms.models import model_to_dict
 from django.urls import reverse
 from django.utils import timezone
-from rest_framework.authtoken.models import Token, TokenProxy
 
 from approvals.models import ApprovalRequest, Decision
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin
 from runs.models import (
+    ApiToken,
     AuditLog,
     Event,
     EventType,
@@ -35,7 +35,7 @@ from runs.models import (
     TraceKind,
     WebhookDelivery,
 )
-from tests.conftest import make_user
+from tests.conftest import make_token, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -47,7 +47,7 @@ def populate(name: str) -> Tenant:
     tenant = Tenant.objects.create(name=f"{name} corp")
     agent = make_user(f"{name}_agent", tenant, groups=("agents",))
     approver = make_user(f"{name}_approver", tenant, groups=("approvers",))
-    Token.objects.create(user=agent)
+    make_token(agent, name=f"{name} secret token")
     agent.groups.add(Group.objects.create(name=f"{name}-ops"))
     job = Job.objects.create(tenant=tenant, created_by=agent, title=f"{name} secret job")
     run = Run.objects.create(
@@ -132,7 +132,7 @@ def rows_of(model_admin, tenant: Tenant):
 
 
 def object_url_id(model, obj) -> str:
-    return str(obj.user_id if model is TokenProxy else obj.pk)  # DRF's token admin is keyed by the user
+    return str(obj.pk)
 
 
 def snapshot(rows) -> list[dict]:
@@ -147,14 +147,14 @@ def test_every_registered_model_is_tenant_scoped_or_superuser_only():
             assert model_admin.tenant_path, model._meta.label
     labels = {model._meta.label for model, _ in scoped_models()}
     assert {"runs.Run", "runs.Step", "runs.Trace", "runs.AuditLog", "runs.Event", "runs.MemoryEntry", "runs.Job",
-            "approvals.ApprovalRequest", "auth.User", "authtoken.TokenProxy"} <= labels
+            "approvals.ApprovalRequest", "auth.User", "runs.ApiToken"} <= labels
 
 
 def test_bravo_staff_see_no_row_of_alpha_in_any_changelist(staff_client, alpha, bravo):
     for model, model_admin in scoped_models():
         theirs, ours = rows_of(model_admin, alpha), rows_of(model_admin, bravo)
         assert theirs.exists() and ours.exists(), f"{model._meta.label}: the fixture must hold rows of both tenants"
-        for query in ("", "?_facets=1", "?_popup=1&_to_field=id" if model is not TokenProxy else "?_popup=1"):
+        for query in ("", "?_facets=1", "?_popup=1&_to_field=id"):
             response = staff_client.get(admin_url(model, "changelist") + query)
             assert response.status_code == 200, (model._meta.label, query)
             shown = set(response.context["cl"].queryset.values_list("pk", flat=True))
@@ -257,7 +257,7 @@ def test_autocomplete_and_foreign_key_choices_offer_nothing_of_alpha(staff_clien
                                       "term": "bravo"})
     assert {result["text"] for result in json.loads(response.content)["results"]} >= {"bravo_agent"}
 
-    add_token = staff_client.get(admin_url(TokenProxy, "add"))
+    add_token = staff_client.get(admin_url(ApiToken, "add"))
     assert add_token.status_code == 200 and MARKER not in add_token.content.decode()
     assert "bravo_approver" in add_token.content.decode()
 
@@ -278,9 +278,9 @@ def test_bravos_own_add_and_change_pages_show_nothing_of_alpha(staff_client, alp
 
 def test_an_object_cannot_be_given_to_alpha(staff_client, alpha, bravo):
     theirs = User.objects.get(username=f"{MARKER}_approver")  # has no token yet
-    response = staff_client.post(admin_url(TokenProxy, "add"), {"user": theirs.pk})
+    response = staff_client.post(admin_url(ApiToken, "add"), {"user": theirs.pk, "name": "planted"})
     assert response.status_code == 200 and response.context["adminform"].form.errors
-    assert not Token.objects.filter(user=theirs).exists()
+    assert not ApiToken.objects.filter(user=theirs).exists()
 
     added = staff_client.post(admin_url(User, "add"), {"username": "bravo_new", "password1": "A-long-pass-1",
                                                        "password2": "A-long-pass-1", "usable_password": "true"})

@@ -17,10 +17,9 @@ import httpx
 import psycopg
 import pytest
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from runs.models import AuditLog, Dispatch, Run
-from tests.conftest import ROOT, WorkerProcess, _worker_env, log_tails, wait_until
+from tests.conftest import ROOT, WorkerProcess, _worker_env, log_tails, make_token, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,7 +98,7 @@ def stack(tmp_path, agent):
     try:
         worker.start()
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                              headers={"Authorization": f"Token {Token.objects.create(user=agent).key}"})
+                              headers={"Authorization": f"Token {make_token(agent)}"})
         wait_until(lambda: _answers(client), timeout=60, what="the web process answering")
         yield redis, client, (web, beat, worker)
         client.close()

@@ -15,11 +15,19 @@ import time
 import httpx
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 
 from execgo.logs import json_formatter, redact_text
 from runs.models import Membership
-from tests.conftest import ROOT, WorkerProcess, _worker_env, make_user, purge_broker, token_client, wait_for_run
+from tests.conftest import (
+    ROOT,
+    WorkerProcess,
+    _worker_env,
+    make_token,
+    make_user,
+    purge_broker,
+    token_client,
+    wait_for_run,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -173,7 +181,7 @@ def test_a_run_through_the_api_and_a_worker_logs_json_with_its_ids_and_no_secret
                                                                                     settings):
     base, web_log, web_stdout = web
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]  # what the server checks with
-    token = Token.objects.create(user=agent).key
+    token = make_token(agent)
     person = User.objects.create_user(username="operator", password=PASSWORD)
     Membership.objects.create(user=person, tenant=tenant)
     worker_log = tmp_path / "worker.jsonl"

@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--http", action="store_true", help="streamable HTTP instead of stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="with --http (default 127.0.0.1)")
     mcp.add_argument("--port", type=int, default=8765, help="with --http (default 8765); the path is /mcp")
+    mcp.add_argument("--token-env", default="EXECGO_MCP_TOKEN", metavar="NAME",
+                     help="with --http: the environment variable holding the token callers must send as "
+                          "'Authorization: Bearer <token>' (default EXECGO_MCP_TOKEN); no token, no server")
     return parser
 
 
@@ -329,9 +332,18 @@ def cmd_approvals(client: ExecGo, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(client: ExecGo, args: argparse.Namespace) -> int:
-    from execgo_client.mcp_server import serve
+    from execgo_client.mcp_server import MIN_HTTP_TOKEN_CHARS, serve
 
-    serve(client, http=args.http, host=args.host, port=args.port)
+    http_token = None
+    if args.http:
+        # From the environment only: a token on the command line is in every
+        # process listing of the machine.
+        http_token = os.environ.get(args.token_env, "")
+        if len(http_token) < MIN_HTTP_TOKEN_CHARS:
+            raise UsageError(f"mcp --http serves only callers with a token: set {args.token_env} to a random "
+                             f"string of at least {MIN_HTTP_TOKEN_CHARS} characters (e.g. python3 -c "
+                             "'import secrets; print(secrets.token_urlsafe(32))')")
+    serve(client, http=args.http, host=args.host, port=args.port, http_token=http_token)
     return EXIT_OK
 
 

@@ -1,13 +1,23 @@
 """An MCP server (the official ``mcp`` SDK's MCPServer) exposing ExecGo to
 agents: submit, read, wait for and cancel runs, evaluate plans, list
 approvals. A run that needs a human is reported as "awaiting human approval"
-with the approval page's URL instead of blocking the agent."""
+with the approval page's URL instead of blocking the agent.
+
+Over stdio the server is its host's child and nobody else can reach it. Over
+streamable HTTP anyone who can connect could use the ExecGo token it holds,
+so every request must carry ``Authorization: Bearer <token>`` with the token
+the server was started with (the SDK's bearer authentication, fed by
+``SharedTokenVerifier``); it does not start without one."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from typing import Annotated, Any, Literal
 
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +32,7 @@ then call wait_run later. Use evaluate_plan to see the policy's verdict without 
 MAX_WAIT_S = 600.0
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled", "voided", "decided", "all"]
 OUTPUT_TAIL_CHARS = 2000
+MIN_HTTP_TOKEN_CHARS = 16
 
 
 class PlanStep(BaseModel):
@@ -93,8 +104,30 @@ def _tool_error(exc: ExecGoError) -> ToolError:
     return ToolError(json.dumps(exc.envelope, default=str))
 
 
-def build_server(client: ExecGo) -> MCPServer:
-    server = MCPServer("execgo", instructions=INSTRUCTIONS, version=VERSION, log_level="WARNING")
+class SharedTokenVerifier:
+    """The SDK's ``TokenVerifier`` for one shared token. Both sides are
+    hashed before the constant-time comparison, so neither the token's length
+    nor a non-ASCII byte in what was presented changes how it is compared."""
+
+    def __init__(self, token: str) -> None:
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        presented = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        if not hmac.compare_digest(presented, self._digest):
+            return None
+        return AccessToken(token="", client_id="execgo-mcp", scopes=[])  # the token itself is kept nowhere
+
+
+def build_server(client: ExecGo, *, http_token: str | None = None) -> MCPServer:
+    """``http_token``: the bearer token every HTTP request must present."""
+    auth = {}
+    if http_token is not None:
+        # The SDK's settings name an OAuth issuer; this server is its own:
+        # a shared token, no authorization server and no metadata route.
+        auth = {"auth": AuthSettings(issuer_url=client.base_url, resource_server_url=None),
+                "token_verifier": SharedTokenVerifier(http_token)}
+    server = MCPServer("execgo", instructions=INSTRUCTIONS, version=VERSION, log_level="WARNING", **auth)
 
     @server.tool()
     def submit_run(
@@ -170,10 +203,13 @@ def build_server(client: ExecGo) -> MCPServer:
     return server
 
 
-def serve(client: ExecGo, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve over stdio (the default), or streamable HTTP at http://host:port/mcp."""
-    server = build_server(client)
+def serve(client: ExecGo, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765,
+          http_token: str | None = None) -> None:
+    """Serve over stdio (the default), or streamable HTTP at http://host:port/mcp
+    to callers presenting ``Authorization: Bearer <http_token>``."""
     if http:
-        server.run("streamable-http", host=host, port=port)
+        if not http_token or len(http_token) < MIN_HTTP_TOKEN_CHARS:
+            raise ValueError(f"streamable HTTP needs a token of at least {MIN_HTTP_TOKEN_CHARS} characters")
+        build_server(client, http_token=http_token).run("streamable-http", host=host, port=port)
     else:
-        server.run("stdio")
+        build_server(client).run("stdio")

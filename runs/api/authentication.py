@@ -1,21 +1,20 @@
-"""Token authentication that looks a key up only when it could be one: a
-key with a NUL or any character outside the alphabet of generated keys is
-refused before the database sees it (PostgreSQL rejects NUL in a query)."""
-
-import re
+"""The API's ``Authorization: Token <key>`` scheme, against the digests of
+``runs.models.ApiToken`` (``runs.tokens``): a key that could not be one is
+refused before the database sees it, and a revoked or expired token is
+refused at once."""
 
 from rest_framework import authentication, exceptions
 
-# rest_framework.authtoken keys are 40 hexadecimal characters.
-_TOKEN_KEY = re.compile(r"[0-9A-Za-z]{1,40}")
+from runs.tokens import plausible_token_key, token_authenticate
 
-
-def plausible_token_key(key: str) -> bool:
-    return _TOKEN_KEY.fullmatch(key) is not None
+__all__ = ["StrictTokenAuthentication", "plausible_token_key"]
 
 
 class StrictTokenAuthentication(authentication.TokenAuthentication):
+    keyword = "Token"
+
     def authenticate_credentials(self, key):
-        if not plausible_token_key(key):
+        token = token_authenticate(key)
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
-        return super().authenticate_credentials(key)
+        return token.user, token

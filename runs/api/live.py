@@ -23,14 +23,13 @@ from channels.db import database_sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from rest_framework.authtoken.models import Token
 
-from runs.api.authentication import plausible_token_key
 from runs.api.serializers import RunSerializer
 from runs.errors import ErrorCode, error_envelope
 from runs.models import Event, EventType, Run
 from runs.selectors import LIVE_EVENT_FIELDS, runs_for_user
 from runs.statemachine import FINAL, RunState
+from runs.tokens import token_authenticate
 from runs.web.relay import event_payload, relay
 
 logger = logging.getLogger(__name__)
@@ -62,10 +61,8 @@ class _Refused(Exception):
 
 
 def _user_for_token(key: str):
-    if not plausible_token_key(key):  # e.g. a NUL, which PostgreSQL refuses in a query
-        return None
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return token.user if token is not None and token.user.is_active else None
+    token = token_authenticate(key)  # refuses a NUL, say, before the database sees it
+    return token.user if token is not None else None
 
 
 def _headers(scope) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The kernel's tables: runs and their steps (``run``), the policy
-(``policy``), what runs leave behind (``records``), and the outgoing
-webhooks (``webhooks``)."""
+(``policy``), what runs leave behind (``records``), the outgoing
+webhooks (``webhooks``) and API tokens (``tokens``)."""
 
 from runs.models.policy import PolicyRule, PolicyVersion, RiskLevel
 from runs.models.records import (
@@ -16,10 +16,11 @@ from runs.models.records import (
     TraceKind,
 )
 from runs.models.run import CALLBACK_EVENTS, Job, JobStatus, Membership, Run, Step, StepRunStatus, StepStatus, Tenant
+from runs.models.tokens import ApiToken
 from runs.models.webhooks import WebhookDelivery, WebhookStatus
 
 __all__ = [
-    "CALLBACK_EVENTS",
+    "CALLBACK_EVENTS", "ApiToken",
     "FINAL_AUDIT_EVENT", "AuditChainHead", "AuditEvent", "AuditLog", "Dispatch", "Event", "EventType", "Job", "JobStatus", "Membership",
     "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
     "Tenant", "Trace", "TraceKind", "WebhookDelivery", "WebhookStatus",

@@ -22,11 +22,10 @@ import sys
 import time
 
 from django.conf import settings
-from rest_framework.authtoken.models import Token
 
 from runs.models import Run
 from tests.api.conftest import FUZZ_SUMMARIES, offline_env
-from tests.conftest import ROOT, make_user, open_approval
+from tests.conftest import ROOT, make_token, make_user, open_approval
 
 SEED = int(os.environ.get("EXECGO_FUZZ_SEED", "20261201"))
 MAX_EXAMPLES = 100
@@ -87,7 +86,7 @@ def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]
 def test_schemathesis_finds_nothing(api_server, tenant):
     agent = make_user("fuzz-agent", tenant, groups=("agents",))
     summary, agent_requests, _ = run_schemathesis(
-        api_server.url, Token.objects.create(user=agent).key, name="agent",
+        api_server.url, make_token(agent), name="agent",
         # An event stream of a run that never ends stays open until the client gives up.
         extra=["--exclude-path-regex", "/stream$"])
     # A person in the approvers group, with requests to decide on runs the agent submitted.
@@ -95,7 +94,7 @@ def test_schemathesis_finds_nothing(api_server, tenant):
     for run in Run.objects.filter(state="CREATED")[:5]:
         open_approval(run)
     _, approver_requests, statuses = run_schemathesis(
-        api_server.url, Token.objects.create(user=approver).key, name="approver",
+        api_server.url, make_token(approver), name="approver",
         extra=["--include-path-regex", "^/api/v1/approvals"])
     total = agent_requests + approver_requests
     FUZZ_SUMMARIES.append(f"schemathesis total: {total} requests, seed {SEED}")

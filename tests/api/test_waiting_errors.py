@@ -4,17 +4,17 @@ checked over real HTTP against Daphne."""
 
 import httpx
 import pytest
-from rest_framework.authtoken.models import Token
 
 from tests.api.test_error_contract import ENVELOPE_KEYS
+from tests.conftest import make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def http(api_server, agent):
-    token = Token.objects.create(user=agent)
-    with httpx.Client(base_url=api_server.url, headers={"Authorization": f"Token {token.key}"},
+    token = make_token(agent)
+    with httpx.Client(base_url=api_server.url, headers={"Authorization": f"Token {token}"},
                       timeout=20, trust_env=False) as client:
         yield client
 

@@ -5,9 +5,8 @@ import os
 import sys
 
 import pytest
-from rest_framework.authtoken.models import Token
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, make_token
 from tests.web.conftest import _stop_daphne_at_exit, live_web  # noqa: F401
 
 CLIENT_DIR = ROOT / "client"
@@ -17,7 +16,7 @@ if str(CLIENT_DIR) not in sys.path:
 
 @pytest.fixture
 def agent_token(agent) -> str:
-    return Token.objects.get_or_create(user=agent)[0].key
+    return make_token(agent)
 
 
 @pytest.fixture

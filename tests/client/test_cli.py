@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from rest_framework.authtoken.models import Token
 
-from tests.conftest import ROOT, make_user, simple_plan
+from tests.conftest import ROOT, make_token, make_user, simple_plan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
@@ -154,7 +153,7 @@ def test_approvals_need_an_approver_and_errors_are_envelopes(server, tenant, wri
     assert result.returncode == 5
     run_id = run_id_of(result)
     approver = make_user("alice", tenant, groups=("approvers",))
-    env = {**server, "EXECGO_TOKEN": Token.objects.create(user=approver).key}
+    env = {**server, "EXECGO_TOKEN": make_token(approver)}
     result = execgo(env, "approvals", "--json")
     assert result.returncode == 0, result.stderr
     assert [item["run_id"] for item in json.loads(result.stdout)] == [run_id]

@@ -37,11 +37,12 @@ from runs.models import (
     WebhookDelivery,
 )
 from runs.statemachine import RunState
+from runs.tokens import token_create
 from runtime.models import HostCapacity
 from tests.conftest import make_user
 
 RUNS_MODELS = {"tenant", "membership", "job", "run", "step", "trace", "auditlog", "event", "memoryentry",
-               "policyrule", "policyversion", "webhookdelivery"}
+               "policyrule", "policyversion", "webhookdelivery", "apitoken"}
 
 
 def changelist(model_name: str) -> str:
@@ -103,6 +104,7 @@ def one_of_each(run: Run) -> dict:
         "policyversion": PolicyVersion.objects.get_or_create(pk=1)[0],
         "webhookdelivery": WebhookDelivery.objects.create(event="approval.requested", url="https://hooks.example/x",
                                                           payload={"request": 1}, run=run, tenant_id=run.tenant_id),
+        "apitoken": token_create(user=run.submitted_by, name="ci")[0],
     }
 
 

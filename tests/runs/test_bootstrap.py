@@ -7,10 +7,10 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs.models import Membership, Tenant
+from runs.models import ApiToken, AuditEvent, AuditLog, Membership, Tenant
+from runs.tokens import key_digest, token_revoke
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ def bootstrap(*args, **options) -> dict[str, str]:
 
 
 def counts() -> dict[str, int]:
-    return {model.__name__: model.objects.count() for model in (User, Group, Tenant, Membership, Token)}
+    return {model.__name__: model.objects.count() for model in (User, Group, Tenant, Membership, ApiToken)}
 
 
 def test_creates_tenant_users_groups_memberships_and_token():
@@ -51,8 +51,10 @@ def test_creates_tenant_users_groups_memberships_and_token():
     assert {m.user.username: m.tenant for m in Membership.objects.select_related("user", "tenant")} == {
         "admin": demo, "approver": demo, "agent": demo,
     }
-    assert printed["EXECGO_AGENT_TOKEN"] == Token.objects.get(user=agent).key
-    assert len(printed["EXECGO_AGENT_TOKEN"]) == 40
+    assert ApiToken.objects.get(user=agent).digest == key_digest(printed["EXECGO_AGENT_TOKEN"])
+    assert len(printed["EXECGO_AGENT_TOKEN"]) == 64
+    created = AuditLog.objects.get(event=AuditEvent.TOKEN_CREATED)
+    assert (created.tenant, created.caller, created.data["user"]) == (demo, "execgo_bootstrap", "agent")
     assert f"\nEXECGO_AGENT_TOKEN={printed['EXECGO_AGENT_TOKEN']}\n" in printed[""]
 
     # The generated passwords are printed and are the real ones.
@@ -63,20 +65,38 @@ def test_creates_tenant_users_groups_memberships_and_token():
     assert "EXECGO_AGENT_PASSWORD" not in printed
 
 
-def test_second_run_changes_nothing_and_prints_the_same_token():
+def test_second_run_changes_nothing_and_prints_no_key():
     first = bootstrap()
     before = counts()
     hashes = dict(User.objects.values_list("username", "password"))
 
     second = bootstrap()
 
-    assert counts() == before == {"User": 3, "Group": 2, "Tenant": 1, "Membership": 3, "Token": 1}
-    assert second["EXECGO_AGENT_TOKEN"] == first["EXECGO_AGENT_TOKEN"]
+    assert counts() == before == {"User": 3, "Group": 2, "Tenant": 1, "Membership": 3, "ApiToken": 1}
+    # Only the digest is kept: the key was shown once, by the first run.
+    assert "EXECGO_AGENT_TOKEN" in first and "EXECGO_AGENT_TOKEN" not in second
+    assert first["EXECGO_AGENT_TOKEN"] not in second[""]
+    assert "agent token: exists" in second[""]
     assert dict(User.objects.values_list("username", "password")) == hashes
     assert "EXECGO_ADMIN_PASSWORD" not in second
     assert "EXECGO_APPROVER_PASSWORD" not in second
     assert "admin: existing password kept" in second[""]
     assert "approver: existing password kept" in second[""]
+
+
+def test_a_revoked_agent_token_is_replaced_by_the_next_run():
+    first = bootstrap()["EXECGO_AGENT_TOKEN"]
+    token_revoke(token=ApiToken.objects.get(digest=key_digest(first)))
+
+    second = bootstrap()["EXECGO_AGENT_TOKEN"]
+
+    assert second != first
+    assert ApiToken.objects.filter(user__username="agent", revoked_at__isnull=True).get().digest == key_digest(second)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {first}")
+    assert client.get("/api/v1/runs").status_code == 401
+    client.credentials(HTTP_AUTHORIZATION=f"Token {second}")
+    assert client.get("/api/v1/runs").status_code == 200
 
 
 def test_printed_token_authenticates_the_api():
@@ -115,7 +135,7 @@ def test_a_rejected_password_leaves_nothing_behind():
     with pytest.raises(CommandError, match="too short"):
         bootstrap(approver_password="short")
 
-    assert counts() == {"User": 0, "Group": 0, "Tenant": 0, "Membership": 0, "Token": 0}
+    assert counts() == {"User": 0, "Group": 0, "Tenant": 0, "Membership": 0, "ApiToken": 0}
 
 
 def test_refuses_to_move_a_user_from_another_tenant():

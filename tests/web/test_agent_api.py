@@ -12,7 +12,15 @@ import pytest
 from django.db import connection
 
 from runs.models import AuditLog, Event, Run, Trace
-from tests.conftest import WorkerProcess, postgres_only, purge_broker, simple_plan, token_client, wait_for_run
+from tests.conftest import (
+    WorkerProcess,
+    make_token,
+    postgres_only,
+    purge_broker,
+    simple_plan,
+    token_client,
+    wait_for_run,
+)
 from tests.runs.test_webhooks import Receiver
 
 PLAN = simple_plan(["true"])
@@ -28,9 +36,7 @@ def get(url: str, token: str, *, headers: dict | None = None, timeout: float = 9
 
 
 def agent_token(agent) -> str:
-    from rest_framework.authtoken.models import Token
-
-    return Token.objects.get_or_create(user=agent)[0].key
+    return make_token(agent)
 
 
 # --- idempotency ------------------------------------------------------------------

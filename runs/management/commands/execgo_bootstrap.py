@@ -3,7 +3,9 @@
 A second run changes nothing: existing rows are kept, an existing password
 is kept unless a different one is given, and the agent keeps its token.
 Secrets go to this command's stdout only, never through ``logging``: log
-handlers ship lines to places a shell's stdout does not go.
+handlers ship lines to places a shell's stdout does not go. The agent's key
+is printed once, when its token is created: only its digest is stored. An
+agent whose tokens were all revoked or have expired gets a new one.
 """
 
 import os
@@ -17,9 +19,11 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-from rest_framework.authtoken.models import Token
+from django.db.models import Q
+from django.utils import timezone
 
-from runs.models import Membership, Tenant
+from runs.models import ApiToken, Membership, Tenant
+from runs.tokens import token_create
 
 TENANT_NAME = "demo"
 
@@ -52,7 +56,8 @@ ACCOUNTS = (
 class Command(BaseCommand):
     help = (
         "Create (idempotently) the demo tenant, the users admin, approver (group approvers) and agent "
-        "(group agents) and the agent's API token; print the token as EXECGO_AGENT_TOKEN=<key>."
+        "(group agents) and the agent's API token; print a new token's key as EXECGO_AGENT_TOKEN=<key> "
+        "(once: only its digest is kept)."
     )
 
     def add_arguments(self, parser):
@@ -74,13 +79,26 @@ class Command(BaseCommand):
                 given = options.get(account.option) or os.environ.get(account.env_var) or None
                 users[account.username], account_lines = self._ensure_account(account, tenant, given)
                 lines.extend(account_lines)
-            token, created = Token.objects.get_or_create(user=users["agent"])
-            lines.append(f"agent token: {'created' if created else 'exists'}")
+            key = self._ensure_token(users["agent"])
+            lines.append("agent token: created; its key is shown once" if key else
+                         "agent token: exists (its key was shown when it was created; revoke it in the admin "
+                         "and run this again for a new one)")
         # Printed only after commit: a token or password shown for rows that
         # rolled back would be a credential that does not exist.
         for line in lines:
             self.stdout.write(line)
-        self.stdout.write(f"EXECGO_AGENT_TOKEN={token.key}")
+        if key:
+            self.stdout.write(f"EXECGO_AGENT_TOKEN={key}")
+
+    @staticmethod
+    def _ensure_token(agent) -> str:
+        """A new token's key, or "" when the agent has a live one."""
+        live = ApiToken.objects.filter(user=agent, revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+        if live.exists():
+            return ""
+        _token, key = token_create(user=agent, name="demo agent", caller="execgo_bootstrap")
+        return key
 
     def _ensure_account(self, account: Account, tenant: Tenant, given: str | None):
         User = get_user_model()

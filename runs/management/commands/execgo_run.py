@@ -106,7 +106,10 @@ def _banner(base: str, secrets: dict[str, str], waiting: str) -> str:
         shown = (f"password {password}  (generated at this first start; shown once)" if password else
                  f"the password set at the first start (or ${account.env_var})")
         lines.append(f"    {account.username:<9} {shown}")
-    lines += [f"  Agents' API ({base}/api/v1/docs/), with the demo agent's token:",
-              f"    EXECGO_AGENT_TOKEN={secrets.get('EXECGO_AGENT_TOKEN', '')}",
+    key = secrets.get("EXECGO_AGENT_TOKEN")
+    lines += [f"  Agents' API ({base}/api/v1/docs/), with the demo agent's token"
+              + (" (shown once: only its digest is kept):" if key else ":"),
+              f"    EXECGO_AGENT_TOKEN={key}" if key else
+              "    the one shown at the first start (revoke it in the admin and restart for a new one)",
               "  Ctrl-C stops every process.", rule]
     return "\n".join(line for line in lines if line) + "\n"
