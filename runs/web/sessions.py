@@ -104,13 +104,13 @@ def verdicts(grants: list[SocketGrant]) -> list[int | None]:
         for row in (User.objects.filter(pk__in={grant.user_id for grant in chunk})
                     .annotate(tenant=F("membership__tenant_id"), approver=approver)
                     .values("pk", "password", "is_active", "tenant", "approver")):
+            row["auth_hash"] = User(password=row["password"]).get_session_auth_hash()  # once per user
             users[row["pk"]] = row
     outcome = []
     for grant in grants:
         row = users.get(grant.user_id)
         if (row is None or not row["is_active"] or grant.session_key not in sessions
-                or not constant_time_compare(User(password=row["password"]).get_session_auth_hash(),
-                                             grant.auth_hash)):
+                or not constant_time_compare(row["auth_hash"], grant.auth_hash)):
             outcome.append(CLOSE_SESSION_ENDED)
         elif row["tenant"] != grant.tenant_id or (grant.needs_approver and not row["approver"]):
             outcome.append(CLOSE_ACCESS_LOST)
