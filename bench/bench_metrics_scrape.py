@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=50)
     args = parser.parse_args()
     data_dir = tempfile.mkdtemp(prefix="execgo-bench-metrics-")
-    os.environ.update(EXECGO_DATA_DIR=data_dir, DJANGO_SETTINGS_MODULE="execgo.settings")
+    os.environ.update(EXECGO_DATA_DIR=data_dir, DJANGO_SETTINGS_MODULE="execgo.settings",
+                      EXECGO_METRICS_TOKEN="bench-scraper-token")
     os.environ.pop("DATABASE_URL", None)
     sys.path.insert(0, str(ROOT))
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
@@ -74,7 +75,7 @@ def main() -> None:
     timings = []
     for _ in range(args.scrapes + 1):
         started = time.perf_counter()
-        assert client.get("/metrics").status_code == 200
+        assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer bench-scraper-token").status_code == 200
         timings.append((time.perf_counter() - started) * 1000)
     first, rest = timings[0], sorted(timings[1:])
     print(f"/metrics with {args.runs} runs and {args.processes} exited processes: first scrape (folding) "

@@ -6,6 +6,12 @@ database, broker, channel layer, at least one live worker (a Celery ping
 over the broker, which the filesystem broker of the embedded default
 carries too) and beat (the sweeper's entry ran within two of its
 intervals: beat writes its ``last_run_at`` at every dispatch).
+
+Anyone may ask whether the service is ready (a load balancer, an
+orchestrator's probe) and gets only that: ``{"status": "ready"}`` or
+``{"status": "not ready"}``. The checks by name, their errors and what
+each worker host announced (kernel, uid, sandbox tools and their versions)
+are for operators: the metrics token or a staff user (runs/web/operators.py).
 """
 
 from datetime import timedelta
@@ -19,6 +25,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from execgo.celery import app as celery_app
+from runs.web.operators import readiness_details_allowed
 from runtime.models import HostCapacity
 
 SWEEP_TASK = "runs.tasks.sweep_zombie_runs"
@@ -105,7 +112,10 @@ def readyz(request):
         except Exception as exc:  # a probe reports any failure as "not ready", never a 500
             # The class only: a message could carry a connection string.
             checks[name], ready = f"error: {exc.__class__.__name__}", False
+    status = 200 if ready else 503
+    if not readiness_details_allowed(request):
+        return JsonResponse({"status": "ready" if ready else "not ready"}, status=status)
     body = {"status": "ok" if ready else "unavailable", "checks": checks}
     if checks["database"] == "ok":
         body["hosts"] = _hosts()
-    return JsonResponse(body, status=200 if ready else 503)
+    return JsonResponse(body, status=status)

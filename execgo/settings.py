@@ -318,6 +318,10 @@ CHANNEL_LAYERS["relay"] = {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 EXECGO_RELAY_POLL_S = env_float("EXECGO_RELAY_POLL_S", 0.05 if IS_SQLITE else 1.0)
 EXECGO_RELAY_HOLE_POLL_S = env_float("EXECGO_RELAY_HOLE_POLL_S", 0.02)
 EXECGO_RELAY_GAP_WAIT_S = env_float("EXECGO_RELAY_GAP_WAIT_S", 2.0)
+# How often a live page's websocket checks that its session still holds
+# (one query; a logout, a password change, a deactivation or a membership
+# change also wakes it at once where the change reaches its process).
+EXECGO_WS_RECHECK_S = env_float("EXECGO_WS_RECHECK_S", 1.0)
 
 # --- ExecGo -----------------------------------------------------------------
 
@@ -479,6 +483,11 @@ EXECGO_METRICS_DIR.mkdir(parents=True, exist_ok=True)
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(EXECGO_METRICS_DIR)
 # /readyz: how long the broker connection and the workers' ping may take.
 EXECGO_READYZ_TIMEOUT_S = env_float("EXECGO_READYZ_TIMEOUT_S", 1.0)
+# /metrics answers a scraper that sends this bearer token (and so does
+# /readyz's detailed body); with none set it answers no one unless it is
+# made public on purpose.
+EXECGO_METRICS_TOKEN = env_str("EXECGO_METRICS_TOKEN", "")
+EXECGO_METRICS_PUBLIC = env_bool("EXECGO_METRICS_PUBLIC", False)
 # Beat writes an entry's last_run_at at every dispatch (its default waits
 # three minutes), which /readyz reads to tell that beat runs the sweeper.
 CELERY_BEAT_SYNC_EVERY = 1

@@ -23,3 +23,8 @@ class RunsConfig(AppConfig):
         # The SQLite trigger on AuditLog asks the connection whether a delete
         # is allowed: every connection gets the function it calls.
         connection_created.connect(install_sqlite_guard, dispatch_uid="execgo-audit-sqlite-guard")
+
+        from runs.web.sessions import connect_signals
+
+        # Tells the live pages' websockets to check their sessions again.
+        connect_signals()

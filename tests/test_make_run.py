@@ -21,7 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
-BANNER = re.compile(r"^ExecGo is up at (?P<url>http://\S+)/$.*?^    EXECGO_AGENT_TOKEN=(?P<token>\w+)$", re.M | re.S)
+BANNER = re.compile(r"^ExecGo is up at (?P<url>http://\S+)/$.*?^    EXECGO_AGENT_TOKEN=(?P<token>\w+)$"
+                    r".*?^    EXECGO_METRICS_TOKEN=(?P<metrics_token>[\w-]+)$", re.M | re.S)
 FINAL = {"SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED"}
 
 
@@ -122,17 +123,28 @@ def test_make_run_serves_as_the_readme_says_and_stops_cleanly(make_run):
     assert run["state"] == "SUCCEEDED"
     assert [step["result"]["output"]["stdout"] for step in run["steps"]] == ["hello\n", "42\n"]
 
-    # Ready once beat has run the sweeper (every second here).
+    # Ready once beat has run the sweeper (every second here); the checks by
+    # name with the metrics token the block printed, and only with it.
     deadline = time.monotonic() + 60
+    operator = {"Authorization": f"Bearer {banner['metrics_token']}"}
     while True:
         try:
-            ready = json.loads(urllib.request.urlopen(f"{base}/readyz", timeout=10).read())
+            ready = json.loads(urllib.request.urlopen(urllib.request.Request(f"{base}/readyz", headers=operator),
+                                                      timeout=10).read())
             break
         except urllib.error.HTTPError as not_ready:
             if time.monotonic() > deadline:
                 pytest.fail(not_ready.read().decode() + log_path.read_text()[-3000:])
             time.sleep(0.5)
     assert ready["checks"] == dict.fromkeys(("database", "broker", "channel_layer", "workers", "beat"), "ok")
+    with urllib.request.urlopen(f"{base}/readyz", timeout=10) as response:
+        assert json.loads(response.read()) == {"status": "ready"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=operator), timeout=10) as response:
+        assert b"# TYPE execgo_runs gauge" in response.read()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/metrics", timeout=10)
+    assert refused.value.code == 401 and b"execgo_" not in refused.value.read()
+    assert (data_dir / "metrics-token").read_text().strip() == banner["metrics_token"]
 
     console = log_path.read_text()
     assert "Sending due task" not in console

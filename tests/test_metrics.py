@@ -24,9 +24,16 @@ from runs.web.relay import OutboxRelay
 from runtime import ledger
 from tests.conftest import ROOT, make_user, open_approval, wait_for_run
 
+SCRAPER_TOKEN = "scraper-token-of-the-metrics-tests"
+
+
+@pytest.fixture(autouse=True)
+def metrics_token(settings):
+    settings.EXECGO_METRICS_TOKEN = SCRAPER_TOKEN
+
 
 def scrape(client) -> tuple[str, dict]:
-    response = client.get("/metrics")
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {SCRAPER_TOKEN}")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     text = response.content.decode()
@@ -86,12 +93,6 @@ def test_state_is_read_from_the_database_at_scrape_time(client, make_run, tenant
     assert value(samples, "execgo_zombie_recovered_total") == 0
     assert_every_family_documented(text)
     promtool_check(text)
-
-
-def test_metrics_keep_their_access_as_before(client, api):
-    # /metrics stays open to the scraper, as it was; it carries no tenant data.
-    assert client.get("/metrics").status_code == 200
-    assert api.get("/metrics").status_code == 200
 
 
 SUCCEEDS = {"steps": [{"id": "one", "tool": "shell", "params": {"argv": ["echo", "one"]}},

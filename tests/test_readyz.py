@@ -1,7 +1,10 @@
 """/healthz answers while the process lives; /readyz names each thing a run
 needs (database, broker, channel layer, a live worker, beat) and answers
 503 naming the one that fails. Failures are made without stopping anything
-real: a broker on a port nobody listens on, no worker, beat never started."""
+real: a broker on a port nobody listens on, no worker, beat never started.
+The checks by name are the details an operator reads: these tests ask
+with the metrics token (tests/test_operator_access.py: who else may, and
+what an anonymous caller gets)."""
 
 import json
 import os
@@ -12,6 +15,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -23,6 +27,13 @@ from tests.conftest import ROOT, _worker_env, log_tails
 pytestmark = pytest.mark.django_db
 
 CHECKS = {"database", "broker", "channel_layer", "workers", "beat"}
+OPERATOR_TOKEN = "operator-token-of-the-readyz-tests"
+
+
+@pytest.fixture
+def client(settings):
+    settings.EXECGO_METRICS_TOKEN = OPERATOR_TOKEN
+    return Client(headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
 
 
 def unused_port() -> int:
@@ -131,7 +142,7 @@ READYZ_IN_A_PROCESS = """
 import django
 django.setup()
 from django.test import Client
-response = Client().get("/readyz")
+response = Client(headers={"Authorization": "Bearer process-operator-token"}).get("/readyz")
 print(response.status_code)
 print(response.content.decode())
 """
@@ -141,7 +152,7 @@ def test_database_on_an_unused_port_is_not_ready(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in {"CELERY_BROKER_URL", "REDIS_URL"}}
     env.update(DATABASE_URL=f"postgres://execgo:db-password-xyz@127.0.0.1:{unused_port()}/execgo",
                EXECGO_DATA_DIR=str(tmp_path / "var"), DJANGO_SETTINGS_MODULE="execgo.settings",
-               EXECGO_LOG_LEVEL="CRITICAL")
+               EXECGO_LOG_LEVEL="CRITICAL", EXECGO_METRICS_TOKEN="process-operator-token")
     done = subprocess.run([sys.executable, "-c", READYZ_IN_A_PROCESS], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr

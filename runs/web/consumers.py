@@ -6,6 +6,12 @@ client sends the id of the last event it has (the page embeds the id it was
 rendered at). The backlog is read from the database up to the relay's
 cursor and the live stream is everything after it, so a reconnecting
 client gets every event once, in order.
+
+A socket lasts as long as its session and its user's access: the process's
+session watch (runs/web/sessions.py) closes it with 4401 or 4403 within
+about ``EXECGO_WS_RECHECK_S`` of a logout, a password change, a
+deactivation, a change of tenant or, on the approvals stream, a removal
+from the approvers group.
 """
 
 from urllib.parse import parse_qs
@@ -15,6 +21,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from runs.selectors import events_for_live_scope, run_in_tenant, tenant_of
 from runs.web.relay import RELAY_LAYER, approvals_group, event_payload, relay, run_group, runs_group
+from runs.web.sessions import grant_for, session_watch, verdicts
 
 # Past this many missed events a client reloads the page instead.
 BACKLOG_LIMIT = 2000
@@ -41,6 +48,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if tenant is None or (run_id is not None and not await database_sync_to_async(run_in_tenant)(run_id, tenant.pk)):
             await self.close()
             return
+        session = self.scope.get("session")
+        if session is None or not session.session_key:
+            await self.close()
+            return
+        grant = grant_for(user, session.session_key, tenant_id=tenant.pk, needs_approver=scope == "approvals")
+        if (await database_sync_to_async(verdicts)([grant]))[0] is not None:
+            await self.close()  # e.g. the approvals stream of someone who is not an approver
+            return
         self.last_sent = after
         group = {"runs": runs_group, "approvals": approvals_group}.get(scope)
         self.group = run_group(run_id) if scope == "run" else group(tenant.pk)
@@ -50,6 +65,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await relay.ensure_started()
         upto = relay.cursor
         await self.accept()
+        # After the handshake: a grant that stops holding from here on ends
+        # with a close code the page's script can read.
+        await session_watch.ensure_started()
+        session_watch.register(self.channel_name, grant)
         rows = await database_sync_to_async(events_for_live_scope)(
             scope, tenant_id=tenant.pk, run_id=run_id, after=after, upto=upto, limit=BACKLOG_LIMIT + 1)
         if len(rows) > BACKLOG_LIMIT:
@@ -62,6 +81,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "ready", "cursor": self.last_sent})
 
     async def disconnect(self, code) -> None:
+        session_watch.unregister(self.channel_name)
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -74,3 +94,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return  # also in the backlog this client was sent
         self.last_sent = event["id"]
         await self.send_json({"type": "event", "event": event})
+
+    async def session_end(self, message) -> None:
+        await self.close(code=message["code"])

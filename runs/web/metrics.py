@@ -16,6 +16,11 @@ No gauge is kept in files (gauges come from the database), so a dead
 process has nothing to withdraw; its counters and histograms must still be
 summed, and are folded into one archive file per type so that the directory
 does not grow with every process that ever ran.
+
+Only a scraper with ``EXECGO_METRICS_TOKEN`` reads it (or anyone, where no
+token is set and ``EXECGO_METRICS_PUBLIC`` opens it on purpose): the
+figures name worker hosts and show how busy the service is. A refusal is
+401 before anything is read, its body the same whatever the reason.
 """
 
 import fcntl
@@ -35,6 +40,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from approvals.models import ApprovalRequest, ApprovalStatus
 from runs.models import AuditEvent, AuditLog, Run, Step
 from runs.statemachine import FINAL, FINAL_STATE_FOR_CAUSE, RunState
+from runs.web.operators import metrics_allowed, refused
 from runtime.models import HostCapacity
 
 # --- Read from the database at scrape time -------------------------------------
@@ -147,4 +153,6 @@ def exposition() -> bytes:
 
 
 def metrics_view(request):
+    if not metrics_allowed(request):
+        return refused()
     return HttpResponse(exposition(), content_type=CONTENT_TYPE_PLAIN_0_0_4)

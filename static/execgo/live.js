@@ -36,7 +36,17 @@
       live.events.push(data.event);
       handle(data.event);
     };
-    socket.onclose = function () {
+    socket.onclose = function (event) {
+      if (event.code === 4401 || event.code === 4403) {
+        // The session ended (4401) or lost this page's access (4403): no
+        // reconnect. The login page sends a still valid session straight
+        // back here (a fresh page, a fresh socket) and asks anyone else to
+        // sign in.
+        live.ended = event.code;
+        setState("ended", event.code === 4401 ? "signed out" : "access ended");
+        location.assign("/accounts/login/?next=" + encodeURIComponent(location.pathname + location.search));
+        return;
+      }
       setState("reconnecting", "reconnecting…");
       setTimeout(connect, backoff);
       backoff = Math.min(backoff * 2, 5000);

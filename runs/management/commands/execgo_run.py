@@ -7,6 +7,11 @@ token. The secrets go to this command's stdout only, never through
 ``logging``, and only once the processes are up, so the lines the
 processes log while starting do not scroll them away.
 
+/metrics and /readyz's details need ``EXECGO_METRICS_TOKEN``: unless the
+environment sets one, a token is generated at the first start, kept in the
+data dir (``metrics-token``, mode 0600) for the next ones, handed to the
+processes and printed in the block.
+
 Ctrl-C (SIGINT to the terminal's process group, or to this process alone)
 and SIGTERM are passed to honcho, which sends each process a SIGTERM and
 waits for it; this command ends when honcho has.
@@ -15,6 +20,7 @@ waits for it; this command ends when honcho has.
 import io
 import os
 import re
+import secrets as secrets_module
 import signal
 import subprocess
 import sys
@@ -49,9 +55,10 @@ class Command(BaseCommand):
                        if (match := SECRET_LINE.match(line)))
         connections.close_all()  # nothing of this process holds the database while it waits
 
+        secrets["EXECGO_METRICS_TOKEN"] = metrics_token = settings.EXECGO_METRICS_TOKEN or _kept_metrics_token()
         base = f"http://127.0.0.1:{port}"
         honcho = subprocess.Popen([str(Path(sys.executable).parent / "honcho"), "start"], cwd=settings.BASE_DIR,
-                                  env={**os.environ, "EXECGO_PORT": str(port)})
+                                  env={**os.environ, "EXECGO_PORT": str(port), "EXECGO_METRICS_TOKEN": metrics_token})
         stopping = []
 
         def stop(signum, _frame):
@@ -70,6 +77,19 @@ class Command(BaseCommand):
         return_code = honcho.wait()
         if return_code and not stopping:
             raise SystemExit(return_code)
+
+
+def _kept_metrics_token() -> str:
+    path = Path(settings.DATA_DIR) / "metrics-token"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    token = secrets_module.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(token + "\n")
+    return token
 
 
 def _wait_until_ready(base: str, honcho: subprocess.Popen, *, timeout: float, stopping: list) -> str:
@@ -111,5 +131,7 @@ def _banner(base: str, secrets: dict[str, str], waiting: str) -> str:
               + (" (shown once: only its digest is kept):" if key else ":"),
               f"    EXECGO_AGENT_TOKEN={key}" if key else
               "    the one shown at the first start (revoke it in the admin and restart for a new one)",
+              f"  {base}/metrics and {base}/readyz's details with 'Authorization: Bearer <token>':",
+              f"    EXECGO_METRICS_TOKEN={secrets.get('EXECGO_METRICS_TOKEN', '')}",
               "  Ctrl-C stops every process.", rule]
     return "\n".join(line for line in lines if line) + "\n"
