@@ -24,7 +24,7 @@ from django.conf import settings
 
 from runtime import shim
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
-from runtime.sandbox import bwrap_argv, bwrap_path, mount_plan, pasta_argv, pasta_path
+from runtime.sandbox import bwrap_argv, bwrap_path, identity_files, mount_plan, pasta_argv, pasta_path
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -100,6 +100,9 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     isolation = None
     own_proc = False
     limits = plan.get("limits") or {}
+    contained = plan.get("profile") == "linux_sandbox" or plan.get("namespaces")
+    identity = identity_files(str(workspace.parent), uid=plan.get("uid"), gid=plan.get("gid"),
+                              home=str(workspace)) if contained else {}
     if plan.get("profile") == "linux_sandbox":
         bwrap = bwrap_path()
         if not bwrap:
@@ -107,7 +110,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
         network = plan.get("network") or "none"
         sandbox = bwrap_argv(
             bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
-            limits=limits, network=network,
+            limits=limits, network=network, readonly_paths=plan.get("readonly_paths") or (), identity=identity,
         )
         if network == "internet":
             pasta = pasta_path()
@@ -118,7 +121,8 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     elif plan.get("namespaces"):
         # The shim makes these mounts itself, in the command's own mount namespace.
         isolation = {
-            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits, writable_root=True),
+            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits, writable_root=True,
+                                 readonly_paths=plan.get("readonly_paths") or (), identity=identity),
             "network": plan.get("network") or "none",
         }
     return {
