@@ -182,7 +182,8 @@ def _gate_keeps(command: dict[str, Any], handle_id: str, plan: dict) -> bool:
     readonly = plan.get("readonly_paths") or ()
     masked = [mount["path"] for mount in mount_plan(workspace=str(task_dir(handle_id) / WORKSPACE_DIR),
                                                     cwd=command["cwd"], limits=plan.get("limits") or {},
-                                                    readonly_paths=readonly) if mount["kind"] != "readonly"]
+                                                    readonly_paths=readonly, uid=plan.get("uid"))
+              if mount["kind"] != "readonly"]
     program = _program(command["argv"][0], env.get("PATH"))
     return program is not None and _runnable(program, uid=plan.get("uid"), masked=[*masked, "/dev", "/proc"],
                                              visible=visible_roots(readonly))

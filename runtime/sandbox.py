@@ -11,9 +11,13 @@ A contained step sees a minimal filesystem, not the host's:
   files and directories that hold secrets: shadow files, SSH host keys,
   /etc/ssl/private, sudoers, the config of database and broker servers),
   a directory by an empty tmpfs, a file by an empty one that nobody may
-  read; so is the data directory, should it lie under a visible one;
+  read; so is the data directory, should it lie under a visible one (one
+  that a step with a uid of its own could not read anyway, /etc/shadow
+  say, is left as it is: each mount costs a step time);
 - ``EXECGO_SANDBOX_READONLY_PATHS``, host paths an operator adds, read-only
   (recorded in the effective plan, and rated by the policy);
+- a step that runs as a uid of its own finds it named in /etc/passwd and
+  /etc/group (the host's with one line more, kept in its task directory);
 - its own workspace, /tmp, /var/tmp and /dev/shm as fresh tmpfs, the
   workspace and the scratch directories sized by the ``workspace_bytes``
   limit (a quota that needs no cgroups: a write past it fails with ENOSPC);
@@ -161,35 +165,37 @@ def readonly_paths() -> list[str]:
                                    tasks_dir=str(settings.EXECGO_TASKS_DIR))
 
 
-def hidden_paths() -> list[tuple[str, bool]]:
+def hidden_paths() -> list[tuple[str, bool, bool]]:
     key = (str(settings.DATA_DIR), str(settings.EXECGO_TASKS_DIR), tuple(settings.EXECGO_SANDBOX_HIDDEN_PATHS))
     if key not in _hidden:
         _hidden[key] = _hidden_paths()
     return _hidden[key]
 
 
-_hidden: dict[tuple, list[tuple[str, bool]]] = {}
+_hidden: dict[tuple, list[tuple[str, bool, bool]]] = {}
 
 
-def _hidden_paths() -> list[tuple[str, bool]]:
+def _hidden_paths() -> list[tuple[str, bool, bool]]:
     """Host paths a contained step must not even read, parents first, each
-    with whether it is a directory: the data directory (the embedded
-    database, the broker folder, every other step's files, other tenants'
-    included) and ``EXECGO_SANDBOX_HIDDEN_PATHS``. Symlinks are followed and
-    paths this host does not have are skipped; mount_plan keeps those the
-    step would otherwise see."""
-    found = {os.path.realpath(settings.DATA_DIR): True, os.path.realpath(settings.EXECGO_TASKS_DIR): True}
-    for path in settings.EXECGO_SANDBOX_HIDDEN_PATHS:
+    with whether it is a directory and whether any uid may read it (enter
+    it, for a directory): the data directory (the embedded database, the
+    broker folder, every other step's files, other tenants' included) and
+    ``EXECGO_SANDBOX_HIDDEN_PATHS``. Symlinks are followed and paths this
+    host does not have are skipped; mount_plan keeps those the step would
+    otherwise see."""
+    found: dict[str, tuple[bool, bool]] = {}
+    for path in (settings.DATA_DIR, settings.EXECGO_TASKS_DIR, *settings.EXECGO_SANDBOX_HIDDEN_PATHS):
         real = os.path.realpath(path)
         try:
             mode = os.stat(real).st_mode
         except OSError:
             continue
         if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
-            found[real] = stat.S_ISDIR(mode)
+            others = stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH
+            found[real] = (stat.S_ISDIR(mode), bool(mode & others) and _reachable(os.path.dirname(real)))
     # A path under another hidden directory is already hidden.
     ordered = sorted(found)
-    return [(p, found[p]) for p in ordered if not any(p != q and found[q] and _under(p, [q]) for q in ordered)]
+    return [(p, *found[p]) for p in ordered if not any(p != q and found[q][0] and _under(p, [q]) for q in ordered)]
 
 
 def hidden_file_source() -> str:
@@ -199,8 +205,10 @@ def hidden_file_source() -> str:
     directory above it may be entered; else /dev/null, empty too."""
     path = os.path.join(settings.DATA_DIR, HIDDEN_FILE_NAME)
     if path not in _hidden_file:
-        _hidden_file[path] = path if _make_hidden_file(path) else os.devnull
-    return _hidden_file[path]
+        if not _make_hidden_file(path):
+            return os.devnull  # asked again next time: the data directory may yet be opened up (secure_tasks_dir)
+        _hidden_file.add(path)
+    return path
 
 
 def _make_hidden_file(path: str) -> bool:
@@ -263,7 +271,7 @@ def identity_files(task_dir: str, *, uid: int | None, gid: int | None, home: str
     return written
 
 
-_hidden_file: dict[str, str] = {}
+_hidden_file: set[str] = set()
 
 
 def host_top_level() -> list[tuple[str, bool]]:
@@ -294,15 +302,17 @@ def _cover(path: str, is_dir: bool) -> dict[str, Any]:
 
 
 def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any], writable_root: bool = False,
-               readonly_paths: Iterable[str] = (), identity: Mapping[str, str] | None = None
-               ) -> list[dict[str, Any]]:
+               readonly_paths: Iterable[str] = (), identity: Mapping[str, str] | None = None,
+               uid: int | None = None) -> list[dict[str, Any]]:
     """The mounts of a contained step over its system view, in order, for
     either profile: each ``{"path", "kind": "hidden" | "hidden_file" |
     "readonly" | "scratch" | "workspace", ...}``. ``writable_root``: the
     step's root is the host's (the process profile), whose non-system
     top-level entries are covered first. ``readonly_paths``: the plan's.
     ``identity``: the step's /etc/passwd and /etc/group (``identity_files``),
-    bound over the host's."""
+    bound over the host's. ``uid``: the step's own (never a file's owner,
+    in no group): a hidden path only its owner or group may read is out of
+    its reach already, and left as it is (a mount less per step)."""
     quota = limits.get("workspace_bytes")
     readonly = [p for p in readonly_paths if os.path.lexists(p)]  # one this host lacks shows nothing
     roots = visible_roots(readonly)
@@ -314,8 +324,8 @@ def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any], writable_
     # Only what the step would see needs covering: not what lies outside its
     # view, nor under a scratch directory's fresh tmpfs (a data directory
     # under /tmp, say).
-    mounts += [_cover(path, is_dir) for path, is_dir in hidden_paths()
-               if _under(path, roots) and not _under(path, SCRATCH_PATHS)]
+    mounts += [_cover(path, is_dir) for path, is_dir, others_may_read in hidden_paths()
+               if _under(path, roots) and not _under(path, SCRATCH_PATHS) and (others_may_read or uid is None)]
     mounts += [
         {"path": "/tmp", "kind": "scratch", "bytes": quota},
         {"path": "/var/tmp", "kind": "scratch", "bytes": quota},
@@ -346,7 +356,7 @@ def bwrap_argv(
             argv += ["--ro-bind", entry["path"], entry["path"]]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     for mount in mount_plan(workspace=workspace, cwd=cwd, limits=limits or {}, readonly_paths=readonly_paths,
-                            identity=identity):
+                            identity=identity, uid=uid):
         kind = mount["kind"]
         if kind == "readonly":
             argv += ["--ro-bind", mount.get("source", mount["path"]), mount["path"]]

@@ -122,7 +122,8 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
         # The shim makes these mounts itself, in the command's own mount namespace.
         isolation = {
             "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits, writable_root=True,
-                                 readonly_paths=plan.get("readonly_paths") or (), identity=identity),
+                                 readonly_paths=plan.get("readonly_paths") or (), identity=identity,
+                                 uid=plan.get("uid")),
             "network": plan.get("network") or "none",
         }
     return {

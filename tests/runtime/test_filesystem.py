@@ -25,7 +25,7 @@ from runs.policy import baseline_reasons, plan_baseline
 from runtime import executor, launcher
 from runtime.envelopes import EnvelopeError
 from runtime.plan_resolver import resolve_plan
-from runtime.sandbox import validate_readonly_paths
+from runtime.sandbox import mount_plan, validate_readonly_paths
 from tests.runtime.conftest import SYSTEM_PYTHON, needs_bubblewrap, needs_system_python
 
 CANARY = f"CANARY_{uuid.uuid4().hex}"
@@ -126,13 +126,16 @@ def test_var_tmp_is_a_fresh_scratch_of_the_steps_own(canaries, profile):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_etc_secrets_are_covered_while_passwd_stays(profile):
-    files = [p for p in ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-") if os.path.exists(p)]
-    directories = [p for p in ("/etc/ssh", "/etc/ssl/private", "/etc/redis", "/etc/postgresql", "/etc/mysql")
-                   if os.path.isdir(p)]
+def test_etc_secrets_are_out_of_reach_while_passwd_stays(profile):
+    files = [p for p in ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/nats-server.conf")
+             if os.path.exists(p)]
+    directories = [p for p in ("/etc/ssh", "/etc/ssl/private", "/etc/redis", "/etc/postgresql", "/etc/mysql",
+                               "/etc/rabbitmq") if os.path.isdir(p)]
     assert files and directories  # this host has some to hide
-    script = "".join(f"cat {p} && echo READ {p}; test -s {p} && echo SIZED {p}; " for p in files)
+    script = "".join(f"cat {p} && echo READ {p}; " for p in files)
     script += "".join(f"ls -A {p} | grep -q . && echo LISTED {p}; " for p in directories)
+    # What others may read is covered: empty, and unreadable even so.
+    script += "".join(f"test -s {p} && echo SIZED {p}; " for p in files if os.stat(p).st_mode & 0o004)
     script += "echo ---; grep -c '^root:' /etc/passwd; grep -c '^root:' /etc/group; id -un"
     result = run_step(script, profile)
 
@@ -140,6 +143,21 @@ def test_etc_secrets_are_covered_while_passwd_stays(profile):
     assert covered == "", covered
     assert names.split() == ["1", "1", "execgo-step"]
     assert "Permission denied" in result["details"]["stderr"]
+
+
+def test_only_what_others_may_read_is_covered_for_a_uid_of_its_own(tmp_path):
+    readable = [p for p in ("/etc/ssh", "/etc/postgresql", "/etc/mysql", "/etc/nats-server.conf") if os.path.exists(p)]
+    private = [p for p in ("/etc/shadow", "/etc/gshadow", "/etc/redis") if os.path.exists(p)]
+    assert readable and private and all(not os.stat(p).st_mode & 0o005 for p in private)
+    workspace = str(tmp_path / "workspace")
+
+    def covered(uid):
+        plan = mount_plan(workspace=workspace, cwd=workspace, limits={}, uid=uid)
+        return {m["path"] for m in plan if m["kind"] in ("hidden", "hidden_file")}
+
+    assert set(readable) <= covered(1234567)
+    assert not set(private) & covered(1234567)  # file modes keep it out already: a mount less each
+    assert set(readable) | set(private) <= covered(None)  # the worker's own uid, which may be root
 
 
 @pytest.mark.parametrize("profile", PROFILES)
