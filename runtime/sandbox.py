@@ -211,6 +211,9 @@ def hidden_file_source() -> str:
     return path
 
 
+_hidden_file: set[str] = set()
+
+
 def _make_hidden_file(path: str) -> bool:
     try:
         info = os.lstat(path)
@@ -242,36 +245,67 @@ def identity_files(task_dir: str, *, uid: int | None, gid: int | None, home: str
     the host's, with a name for that uid and its gid (``id -un``, ``whoami``,
     ssh and git ask for one), written in the step's task directory -> {path
     in the sandbox: file}. Empty when the step keeps the worker's uid, the
-    host names it already, or the step's uid could not reach the files."""
-    if uid is None or not _reachable(task_dir):
+    host names it already, or the step's uid could not reach the files.
+    Written once per task directory (a pre-started sandbox's preset names
+    them before the step is prepared), with nothing but the host's files,
+    the uid and the workspace in them."""
+    if uid is None:
         return {}
     gid = uid if gid is None else gid
-    try:
-        with open("/etc/passwd") as fh:
-            passwd = fh.read()
-        with open("/etc/group") as fh:
-            group = fh.read()
-    except OSError:
+    host = _host_identity()
+    if host is None or str(uid) in host["uids"]:
         return {}
-    if any(line.split(":")[2:3] == [str(uid)] for line in passwd.splitlines()):
-        return {}
-    files = {
-        "/etc/passwd": passwd.rstrip("\n") + f"\n{STEP_USER}:x:{uid}:{gid}:ExecGo step:{home}:/bin/sh\n",
-        "/etc/group": group.rstrip("\n") + f"\n{STEP_USER}:x:{gid}:\n",
+    parent, _ = os.path.split(task_dir.rstrip("/"))
+    if parent not in _reachable_dirs:
+        if not _reachable(parent):
+            return {}
+        _reachable_dirs.add(parent)
+    texts = {
+        "/etc/passwd": host["/etc/passwd"] + f"{STEP_USER}:x:{uid}:{gid}:ExecGo step:{home}:/bin/sh\n",
+        "/etc/group": host["/etc/group"] + f"{STEP_USER}:x:{gid}:\n",
     }
     written = {}
-    for path, text in files.items():
+    for path, text in texts.items():
         target = os.path.join(task_dir, IDENTITY_FILES[path])
-        tmp = f"{target}.{os.getpid()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # whatever the umask: the step's uid reads it
-        os.replace(tmp, target)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            written[path] = target
+            continue
+        except OSError:
+            return {}
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: the step's uid reads it
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
         written[path] = target
     return written
 
 
-_hidden_file: set[str] = set()
+_reachable_dirs: set[str] = set()
+
+
+def _host_identity() -> dict[str, Any] | None:
+    """The host's /etc/passwd and /etc/group, each ending in a newline, and
+    the uids named there; read again only when either file changes."""
+    global _identity
+    try:
+        key = tuple((info.st_mtime_ns, info.st_size, info.st_ino) for info in map(os.stat, IDENTITY_FILES))
+    except OSError:
+        return None
+    if _identity is None or _identity[0] != key:
+        texts = {}
+        for path in IDENTITY_FILES:
+            with open(path, errors="replace") as fh:
+                text = fh.read()
+            texts[path] = text if not text or text.endswith("\n") else text + "\n"
+        uids = {line.split(":")[2] for line in texts["/etc/passwd"].splitlines() if line.count(":") >= 2}
+        _identity = (key, {**texts, "uids": uids})
+    return _identity[1]
+
+
+_identity: tuple[tuple, dict[str, Any]] | None = None
 
 
 def host_top_level() -> list[tuple[str, bool]]:
