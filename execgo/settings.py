@@ -361,10 +361,34 @@ if EXECGO_SANDBOX_MODE not in {"strict", "adaptive"}:
 _sandbox_uid = env_str("EXECGO_SANDBOX_UID", "1000000")
 EXECGO_SANDBOX_UID = None if _sandbox_uid.lower() == "none" else env_int("EXECGO_SANDBOX_UID", 1000000)
 EXECGO_SANDBOX_UID_COUNT = env_int("EXECGO_SANDBOX_UID_COUNT", 1000000)
-# Host paths a contained step sees as empty directories, besides the data and
-# tasks directories: the host's sockets (/run) and home directories. A path
-# the step's uid could not enter anyway (mode without o+rx) is skipped.
-EXECGO_SANDBOX_HIDDEN_PATHS = env_list("EXECGO_SANDBOX_HIDDEN_PATHS", ["/run", "/var/run", "/home", "/root"])
+# A contained step sees only the host's system directories (/usr, /bin,
+# /sbin, /lib*, /etc; see runtime/sandbox.py). Paths in them it must not
+# read: a directory gets an empty tmpfs over it, a file an empty one nobody
+# may read (the data and tasks directories are always hidden). The default:
+# /etc's secrets (password hashes, SSH host keys, TLS private keys, sudoers,
+# the config of database and broker servers); paths this host lacks are skipped.
+EXECGO_SANDBOX_HIDDEN_PATHS = env_list("EXECGO_SANDBOX_HIDDEN_PATHS", [
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/security/opasswd", "/etc/sudoers",
+    "/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private", "/etc/postgresql", "/etc/redis", "/etc/mysql",
+    "/etc/rabbitmq", "/etc/mosquitto", "/etc/nats-server.conf", "/etc/krb5.keytab", "/etc/letsencrypt",
+    "/etc/docker", "/etc/wireguard", "/etc/ipsec.secrets", "/etc/ppp", "/etc/NetworkManager/system-connections",
+])
+# Host paths an operator shows every contained step, read-only (a tool
+# directory under /opt, say): recorded in each step's plan and rating risk
+# medium there. Absolute, never /, the data or tasks directory, or above them.
+
+
+def _readonly_paths() -> list[str]:
+    from runtime.sandbox import validate_readonly_paths  # the rules the plan resolver applies to overrides too
+
+    try:
+        return validate_readonly_paths(env_list("EXECGO_SANDBOX_READONLY_PATHS", []), data_dir=str(DATA_DIR),
+                                       tasks_dir=str(EXECGO_TASKS_DIR))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"EXECGO_SANDBOX_READONLY_PATHS: {exc}") from None
+
+
+EXECGO_SANDBOX_READONLY_PATHS = _readonly_paths()
 # Network of a step that asks for "internet": a user-mode NAT that cannot
 # reach the host's loopback (pasta, of Debian's passt); empty: pasta on PATH.
 EXECGO_PASTA_PATH = env_str("EXECGO_PASTA_PATH", "")

@@ -122,6 +122,7 @@ def rated_part(plan: dict) -> dict:
     uid = plan.get("uid")
     return {"profile": plan.get("profile"), "namespaces": bool(plan.get("namespaces")),
             "network": plan.get("network"), "filesystem": plan.get("filesystem"),
+            "readonly_paths": plan.get("readonly_paths") or [],
             "uid": None if uid is None else (0 if uid == 0 else "own"), "limits": plan.get("limits") or {},
             "downgrades": plan.get("downgrades") or []}
 
@@ -181,6 +182,8 @@ def weaker_than_rated(plan: dict, rated: dict) -> list[str]:
         weaker.append(f"network {plan.get('network')} instead of {rated.get('network')}")
     if plan.get("filesystem") != "workspace" and rated.get("filesystem") == "workspace":
         weaker.append(f"filesystem {plan.get('filesystem')} instead of the workspace")
+    elif unrated := sorted(set(plan.get("readonly_paths") or []) - set(rated.get("readonly_paths") or [])):
+        weaker.append(f"host paths {', '.join(unrated)} readable, which were not rated")
     if rated.get("seccomp") and not plan.get("seccomp"):
         weaker.append("no system-call filter")
     if rated.get("uid") not in (None, 0) and plan.get("uid") in (None, 0):

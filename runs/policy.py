@@ -19,7 +19,8 @@ plan (``runs.dataplane.resolve_step_plan``), its *capability baseline*:
   loopback, but nothing proves it keeps off the host's other addresses),
   network ``host``, filesystem ``host``, no sandbox, or root (uid 0, or the
   worker's own uid when the worker is root): high;
-- no process limit: at least medium;
+- no process limit, or host paths added to its view
+  (``EXECGO_SANDBOX_READONLY_PATHS``, named in the reason): at least medium;
 - a plan that cannot be resolved here (a strict request this host cannot
   honour): high, since nothing says what it can reach.
 
@@ -331,7 +332,12 @@ def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
                              "the host without the data dir, nosuid,nodev, a workspace of its own"))
     elif filesystem in WORKSPACE_FILESYSTEMS:
         checks.append(_check("filesystem", filesystem, RiskLevel.LOW,
-                             "read-only host without the data dir, only the workspace writable"))
+                             "the host's system directories read-only, only the workspace writable"))
+        readonly = plan.get("readonly_paths") or []
+        if readonly:
+            checks.append(_check("readonly_paths", readonly, RiskLevel.MEDIUM,
+                                 "host paths the step can read besides the system directories: "
+                                 + ", ".join(readonly)))
     else:
         reason = ("the host's filesystem, writable wherever its uid may write" if filesystem == "host"
                   else "a filesystem view the policy does not know: assumed to be the host's")
@@ -358,7 +364,8 @@ def plan_baseline(plan: dict, *, worker_is_root: bool) -> dict:
                              f"asked for {downgrade.get('requested')!r}: {downgrade.get('reason')}"))
     risk = _max_risk(check["risk"] for check in checks)
     return {"risk": str(risk), "checks": checks,
-            "plan": {"profile": profile, "network": network, "filesystem": filesystem, "uid": uid,
+            "plan": {"profile": profile, "network": network, "filesystem": filesystem,
+                     "readonly_paths": plan.get("readonly_paths") or [], "uid": uid,
                      "processes": limits.get("processes"), "downgrades": len(plan.get("downgrades") or [])}}
 
 

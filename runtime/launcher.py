@@ -37,7 +37,7 @@ from runtime.layout import (
     write_private,
 )
 from runtime.plan_resolver import resolve_plan
-from runtime.sandbox import mount_plan
+from runtime.sandbox import mount_plan, visible_roots
 from runtime.tools import shell as shell_tool
 from runtime.tools import validate_params
 
@@ -149,6 +149,10 @@ def sandbox_preset(handle_id: str, *, tool: str, params: dict, plan: dict) -> st
         return None
     try:
         validate_params(tool, params)
+        # The step's /etc/passwd is written there now (the preset's mounts
+        # name it), as prepare will write it again.
+        secure_tasks_dir()
+        task_dir(handle_id).mkdir(mode=0o711, exist_ok=True)
         command = _shell_request(handle_id, params, plan)
     except (EnvelopeError, KeyError):
         return None
@@ -170,14 +174,19 @@ def _gate_keeps(command: dict[str, Any], handle_id: str, plan: dict) -> bool:
     command as bubblewrap itself would. Its shell passes every variable on
     but its own (in another order), and it would report an exec failure in
     its own words: so the program must be one the step's uid can run, found
-    on the host's read-only root (not in a tmpfs or hidden path)."""
+    in what the sandbox shows of the host (its system directories and
+    read-only paths, not in a tmpfs or hidden path)."""
     env = command["env"]
     if SHELL_VARIABLES & env.keys() or not os.access(shim.GATE_ARGV[0], os.X_OK):
         return False
+    readonly = plan.get("readonly_paths") or ()
     masked = [mount["path"] for mount in mount_plan(workspace=str(task_dir(handle_id) / WORKSPACE_DIR),
-                                                    cwd=command["cwd"], limits=plan.get("limits") or {})]
+                                                    cwd=command["cwd"], limits=plan.get("limits") or {},
+                                                    readonly_paths=readonly, uid=plan.get("uid"))
+              if mount["kind"] != "readonly"]
     program = _program(command["argv"][0], env.get("PATH"))
-    return program is not None and _runnable(program, uid=plan.get("uid"), masked=[*masked, "/dev", "/proc"])
+    return program is not None and _runnable(program, uid=plan.get("uid"), masked=[*masked, "/dev", "/proc"],
+                                             visible=visible_roots(readonly))
 
 
 def _program(file: str, path: str | None) -> str | None:
@@ -188,9 +197,9 @@ def _program(file: str, path: str | None) -> str | None:
     return next(iter(shim.proc.program_paths(file, {"PATH": path or ""})), None)
 
 
-def _runnable(program: str, *, uid: int | None, masked: list[str]) -> bool:
+def _runnable(program: str, *, uid: int | None, masked: list[str], visible: list[str]) -> bool:
     real = os.path.realpath(program)
-    if any(real == path or real.startswith(path.rstrip("/") + "/") for path in masked):
+    if not any(real == path or real.startswith(path.rstrip("/") + "/") for path in visible) or any(real == path or real.startswith(path.rstrip("/") + "/") for path in masked):
         return False
     if uid is None:  # the step runs as this worker
         return os.path.isfile(real) and os.access(real, os.X_OK)

@@ -21,22 +21,28 @@ on a root worker, its own unprivileged uid.
   filesystem "host" is high risk, so a human decides).
 
 Profiles:
-- ``linux_sandbox``: bubblewrap (see runtime/sandbox.py): read-only host,
-  the data directory and the host's sockets hidden, the workspace and /tmp
-  sized tmpfs, every namespace unshared, no capabilities, cleared
-  environment, and the seccomp filter of runtime/syscall_filter.py
-  (``plan["seccomp"]``; a host that cannot apply it is a missing mechanism
-  like the others: strict refuses, adaptive runs without it and records
-  the downgrade).
+- ``linux_sandbox``: bubblewrap (see runtime/sandbox.py): only the host's
+  system directories, read-only, with their secrets hidden, the workspace
+  and the scratch directories sized tmpfs, every namespace unshared, no
+  capabilities, cleared environment, and the seccomp filter of
+  runtime/syscall_filter.py (``plan["seccomp"]``; a host that cannot apply
+  it is a missing mechanism like the others: strict refuses, adaptive runs
+  without it and records the downgrade).
 - ``process``: on a root worker that can create namespaces, the shim gives
   the command a mount and network namespace of its own (every mount
-  nosuid,nodev, the same hidden paths and sized tmpfs, no network) before
-  dropping to the step's uid; otherwise the host's filesystem and network,
-  contained only by file modes and the uid (or not at all on a worker that
-  is not root). No seccomp filter, in the host's user namespace.
+  nosuid,nodev, the host's non-system top-level directories covered, the
+  same hidden paths and sized tmpfs, no network) before dropping to the
+  step's uid; otherwise the host's filesystem and network, contained only
+  by file modes and the uid (or not at all on a worker that is not root).
+  No seccomp filter, in the host's user namespace.
 
 Every profile runs its command with no_new_privs: a setuid or
 file-capability program gains nothing.
+
+Filesystem: ``"workspace"`` is that minimal view, with only the workspace
+and scratch directories writable; ``"readonly_paths"`` lists the host paths
+the operator added to it (``EXECGO_SANDBOX_READONLY_PATHS``), which the
+policy rates; ``"host"`` (only ever a downgrade) is the host's own.
 
 Both: rlimits, own session and process group, the whole tree killed on
 timeout/cancel (PID namespace when available, else a /proc scan).
@@ -58,6 +64,7 @@ from django.conf import settings
 
 from runtime.capabilities import capability_manifest, sandbox_uid
 from runtime.envelopes import EnvelopeError
+from runtime.sandbox import readonly_paths
 
 PROFILES = ("process", "linux_sandbox")
 MODES = ("strict", "adaptive")
@@ -219,6 +226,11 @@ def resolve_plan(
             downgrade("limits.processes", limits["processes"], None, "RLIMIT_NPROC is not enforced for root")
             limits["processes"] = None
 
+    try:
+        extra_paths = readonly_paths() if contained else []
+    except ValueError as exc:
+        raise _invalid(f"EXECGO_SANDBOX_READONLY_PATHS: {exc}", setting="EXECGO_SANDBOX_READONLY_PATHS") from None
+
     pid_namespace = (manifest.get("pid_namespace") or {}).get("available")
     tree_kill = "pid_namespace" if pid_namespace else "process_scan"
     if not pid_namespace:
@@ -235,6 +247,8 @@ def resolve_plan(
         "network": effective_network,
         "requested_network": network,
         "filesystem": "workspace" if contained else "host",
+        # Host paths the step sees besides the system directories (see runtime/sandbox.py).
+        "readonly_paths": extra_paths,
         # The shim's own mount and network namespaces (the process profile on a root worker).
         "namespaces": effective_profile == "process" and own_namespaces,
         # bubblewrap loads runtime.syscall_filter's program (linux_sandbox only).

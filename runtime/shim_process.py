@@ -14,12 +14,14 @@ import _signal
 import errno
 import os
 import resource
+import stat
 import sys
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
 SIOCSIFFLAGS = 0x8914
 IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 PR_SET_PDEATHSIG = 1
@@ -230,8 +232,9 @@ def harden_mounts():
 def isolate(isolation, uid, gid, pidns):
     """The process profile's containment, made by the command's child while
     it is still root: a mount namespace where every mount is nosuid,nodev,
-    with the data directory and the host's sockets hidden and a sized tmpfs
-    as workspace and /tmp, and a network namespace with only its own
+    with the host's non-system top-level directories, the data directory and
+    the hidden paths covered, the read-only paths bound back, a sized tmpfs
+    as workspace and scratch, and a network namespace with only its own
     loopback (see runtime/sandbox.py)."""
     network = isolation.get("network") or "none"
     import _socket  # noqa: F401  (loaded now: the mounts may hide the interpreter's lib-dynload)
@@ -240,27 +243,51 @@ def isolate(isolation, uid, gid, pidns):
 
     _private_namespaces(0 if network == "host" else CLONE_NEWNET)
     harden_mounts()
-    for item in isolation.get("mounts") or ():
-        path, kind, size = item["path"], item["kind"], item.get("bytes")
-        os.makedirs(path, exist_ok=True)  # inside a hidden tmpfs, for the workspace
-        # A hidden path is an empty tmpfs of root's (0555): the step, no longer root, cannot write it.
-        options = {"hidden": "mode=0555", "scratch": "mode=1777"}.get(kind, "mode=0700")
-        if kind == "workspace" and uid is not None:
-            options += f",uid={int(uid)},gid={int(gid if gid is not None else uid)}"
-        if size:
-            options += f",size={int(size)}"
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        if kind == "workspace" and item.get("cwd") and item["cwd"] != path:
-            os.makedirs(item["cwd"], exist_ok=True)
-            if uid is not None:
-                relative = os.path.relpath(item["cwd"], path)
-                parts = relative.split(os.sep)
-                for depth in range(1, len(parts) + 1):
-                    os.chown(os.path.join(path, *parts[:depth]), int(uid), int(gid if gid is not None else uid))
+    mounts = isolation.get("mounts") or ()
+    # What is bound in comes from places the covers hide (/opt, the data
+    # directory): held open from before them, bound from the descriptor.
+    sources = {index: os.open(item.get("source") or item["path"], os.O_PATH | os.O_CLOEXEC)
+               for index, item in enumerate(mounts) if item["kind"] in ("readonly", "hidden_file")}
+    try:
+        for index, item in enumerate(mounts):
+            if index in sources:
+                _bind_read_only(sources[index], item["path"])
+                continue
+            path, kind, size = item["path"], item["kind"], item.get("bytes")
+            os.makedirs(path, exist_ok=True)  # inside a hidden tmpfs, for the workspace
+            # A hidden path is an empty tmpfs of root's (0555): the step, no longer root, cannot write it.
+            options = {"hidden": "mode=0555", "scratch": "mode=1777"}.get(kind, "mode=0700")
+            if kind == "workspace" and uid is not None:
+                options += f",uid={int(uid)},gid={int(gid if gid is not None else uid)}"
+            if size:
+                options += f",size={int(size)}"
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            if kind == "workspace" and item.get("cwd") and item["cwd"] != path:
+                os.makedirs(item["cwd"], exist_ok=True)
+                if uid is not None:
+                    relative = os.path.relpath(item["cwd"], path)
+                    parts = relative.split(os.sep)
+                    for depth in range(1, len(parts) + 1):
+                        os.chown(os.path.join(path, *parts[:depth]), int(uid), int(gid if gid is not None else uid))
+    finally:
+        for fd in sources.values():
+            os.close(fd)
     if pidns:
         _mount_own_proc()
     if network != "host":
         loopback_up()
+
+
+def _bind_read_only(source_fd, target):
+    """Bind what ``source_fd`` (O_PATH) names at ``target``, read-only: its
+    mount point made first if a cover hid it (a directory, or an empty file)."""
+    if stat.S_ISDIR(os.fstat(source_fd).st_mode):
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.lexists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0))
+    mount(f"/proc/self/fd/{source_fd}", target, None, MS_BIND, None)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
 
 # --- the forked children -----------------------------------------------------

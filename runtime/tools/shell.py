@@ -24,7 +24,7 @@ from django.conf import settings
 
 from runtime import shim, syscall_filter
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
-from runtime.sandbox import bwrap_argv, bwrap_path, mount_plan, pasta_argv, pasta_path
+from runtime.sandbox import bwrap_argv, bwrap_path, identity_files, mount_plan, pasta_argv, pasta_path
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -101,6 +101,9 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     own_proc = False
     seccomp = None  # the compiled filter's file, which the shim hands bubblewrap
     limits = plan.get("limits") or {}
+    contained = plan.get("profile") == "linux_sandbox" or plan.get("namespaces")
+    identity = identity_files(str(workspace.parent), uid=plan.get("uid"), gid=plan.get("gid"),
+                              home=str(workspace)) if contained else {}
     if plan.get("profile") == "linux_sandbox":
         bwrap = bwrap_path()
         if not bwrap:
@@ -113,7 +116,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
                 raise EnvelopeError.of("denied", f"the plan needs the seccomp filter: {exc}") from None
         sandbox = bwrap_argv(
             bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
-            limits=limits, network=network,
+            limits=limits, network=network, readonly_paths=plan.get("readonly_paths") or (), identity=identity,
             seccomp_fd=syscall_filter.SECCOMP_FD if seccomp else None,
         )
         if network == "internet":
@@ -125,7 +128,9 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     elif plan.get("namespaces"):
         # The shim makes these mounts itself, in the command's own mount namespace.
         isolation = {
-            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits, writable_root=True),
+            "mounts": mount_plan(workspace=str(workspace), cwd=str(cwd), limits=limits, writable_root=True,
+                                 readonly_paths=plan.get("readonly_paths") or (), identity=identity,
+                                 uid=plan.get("uid")),
             "network": plan.get("network") or "none",
         }
     return {

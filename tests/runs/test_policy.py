@@ -470,8 +470,8 @@ def test_trace_shape(seeded_policy, run_with):
     assert set(shell_row) == {"id", "tool", "risk", "reasons", "baseline", "rated_plan", "parsed"}
     # What the step is bound to: the plan rated, without the host's name or the uid's number.
     assert shell_row["rated_plan"] == {"profile": "linux_sandbox", "namespaces": False, "network": "none",
-                                       "filesystem": "workspace", "uid": "own", "limits": shell_row["rated_plan"]["limits"],
-                                       "downgrades": []}
+                                       "filesystem": "workspace", "readonly_paths": [], "uid": "own",
+                                       "limits": shell_row["rated_plan"]["limits"], "downgrades": []}
     assert shell_row["rated_plan"]["limits"]["processes"] == 64
     assert (shell_row["id"], shell_row["risk"]) == ("s0", "high")
     assert shell_row["reasons"][1:] == ["shell-package-install: " + SEEDED["shell-package-install"][7]]
@@ -481,7 +481,7 @@ def test_trace_shape(seeded_policy, run_with):
     plan = shell_row["baseline"]["plan"]
     assert plan["uid"] >= settings.EXECGO_SANDBOX_UID  # the step's own
     assert {**plan, "uid": "own"} == {"profile": "linux_sandbox", "network": "none", "filesystem": "workspace",
-                                      "uid": "own", "processes": 64, "downgrades": 0}
+                                      "readonly_paths": [], "uid": "own", "processes": 64, "downgrades": 0}
     assert shell_row["parsed"] == {"commands": ["apt-get install -y jq"], "signals": []}
     assert set(decision.data["budget"]) == {f"{prefix}{name}" for name in ("steps", "run_seconds", "cpu_seconds",
                                                                            "http_calls", "command_chars")

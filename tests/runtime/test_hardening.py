@@ -156,8 +156,8 @@ def test_a_host_without_the_filter_is_refused_in_strict_mode_and_downgraded_in_a
 @pytest.fixture
 def setuid_id():
     """A setuid-root copy of id(1) in a directory only root may write (0755),
-    outside every path a step has hidden; removed afterwards."""
-    directory = Path(f"/opt/execgo-suid-{uuid.uuid4().hex[:12]}")
+    under /usr, which every profile shows a step; removed afterwards."""
+    directory = Path(f"/usr/local/execgo-suid-{uuid.uuid4().hex[:12]}")
     directory.mkdir(mode=0o755)
     try:
         path = directory / "id"

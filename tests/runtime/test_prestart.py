@@ -139,7 +139,8 @@ def test_a_spare_closed_unused_never_runs_its_pre_started_command(server, handle
 
     assert never_started(marker)
     assert wait_until(lambda: live_processes(marker) == [], 5)
-    assert not layout.task_dir(handle).exists()
+    # Only what the preset named was written (the step's /etc/passwd): no shim ever ran for the handle.
+    assert sorted(p.name for p in layout.task_dir(handle).iterdir()) == ["etc-group", "etc-passwd"]
 
 
 def test_a_spare_killed_never_runs_its_pre_started_command(server, handle, marker):

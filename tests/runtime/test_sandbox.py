@@ -17,7 +17,7 @@ pytestmark = needs_bubblewrap()
 
 
 def test_writes_outside_the_workspace_fail(run_shell, handle):
-    outside = f"/var/tmp/execgo-outside-{uuid.uuid4().hex}"
+    outside = f"/usr/local/execgo-outside-{uuid.uuid4().hex}"
     result = run_shell({"script": f"echo inside > ok.txt && echo x > {outside}; echo rc=$?"}, profile="linux_sandbox")
     assert result["output"]["stdout"] == "rc=2\n"  # dash: a failed redirection
     assert "Read-only file system" in result["details"]["stderr"]
