@@ -11,7 +11,7 @@ class RunsConfig(AppConfig):
         from django.contrib import admin
         from django.db.backends.signals import connection_created
 
-        from runs import tasks  # noqa: F401
+        from runs import checks, tasks  # noqa: F401
         from runs.admin_scope import scope_site
 
         # The admin's own ready() has run (it comes first in INSTALLED_APPS)
@@ -23,6 +23,14 @@ class RunsConfig(AppConfig):
         # The SQLite trigger on AuditLog asks the connection whether a delete
         # is allowed: every connection gets the function it calls.
         connection_created.connect(install_sqlite_guard, dispatch_uid="execgo-audit-sqlite-guard")
+
+        from django.contrib.auth import get_user_model
+        from django.db.models.signals import pre_delete
+
+        from runs.tokens import revoke_tokens_of_deleted_user
+
+        pre_delete.connect(revoke_tokens_of_deleted_user, sender=get_user_model(),
+                           dispatch_uid="execgo-revoke-deleted-users-tokens")
 
         from runs.web.sessions import connect_signals
 

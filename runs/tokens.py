@@ -13,7 +13,8 @@ compared in constant time. Every check reads the row, so a revocation or an
 expiry takes effect at the next request.
 
 Every creation and revocation writes an audit row in the tenant's chain of
-the token's user, naming the token by id, name and prefix, never its key.
+the token's user, naming the token by id, name and prefix, never its key;
+deleting a user revokes its live tokens first, audited the same way.
 """
 
 import hashlib
@@ -66,6 +67,14 @@ def token_revoke(*, token: ApiToken, actor=None, caller: str = "") -> bool:
         token.revoked_at = now
         _audit(AuditEvent.TOKEN_REVOKED, token, actor=actor, caller=caller)
     return True
+
+
+def revoke_tokens_of_deleted_user(sender, instance, **kwargs) -> None:
+    """``pre_delete`` of a user: the tokens the delete is about to take with
+    it are revoked first, each with its audit row (while the user's
+    membership still names the tenant's chain)."""
+    for token in ApiToken.objects.select_related("user").filter(user=instance, revoked_at__isnull=True):
+        token_revoke(token=token, caller="user deleted")
 
 
 def token_authenticate(key: str) -> ApiToken | None:

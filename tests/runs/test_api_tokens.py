@@ -136,6 +136,20 @@ def test_creation_and_revocation_are_audited_in_the_tenants_chain(tenant, agent)
     assert rows_holding(key) == []
 
 
+def test_deleting_a_user_revokes_its_live_tokens_with_an_audit_row(tenant, agent):
+    live, _ = token_create(user=agent, name="live")
+    gone, _ = token_create(user=agent, name="already revoked")
+    token_revoke(token=gone)
+
+    agent.delete()
+
+    revoked = AuditLog.objects.filter(event=AuditEvent.TOKEN_REVOKED).order_by("chain_seq")
+    assert [(row.data["token_id"], row.tenant_id, row.caller) for row in revoked] == [
+        (gone.pk, tenant.pk, ""), (live.pk, tenant.pk, "user deleted")]
+    assert not ApiToken.objects.filter(pk__in=[live.pk, gone.pk]).exists()
+    assert_unbroken(chain_of(tenant.pk, CALLER_LANE), chain=tenant.pk)
+
+
 # --- the admin -------------------------------------------------------------------------
 
 

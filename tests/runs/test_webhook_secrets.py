@@ -158,3 +158,14 @@ def test_staff_see_their_tenants_secret_and_never_another_tenants(tenant, other_
     assert (tenant.name, tenant.webhook_secret) == ("acme renamed", before)
     [row] = AuditLog.objects.filter(event="admin_changed", tenant=tenant)
     assert row.data["changed_fields"] == ["name"] and before not in json.dumps(row.data)
+
+
+def test_a_deployment_still_setting_the_shared_secret_is_warned(monkeypatch):
+    from django.core import checks
+
+    monkeypatch.setenv("EXECGO_WEBHOOK_SECRET", "from-an-earlier-release")
+    assert [message.id for message in checks.run_checks(tags=[checks.Tags.security])
+            if message.id.startswith("execgo.")] == ["execgo.W001"]
+    monkeypatch.delenv("EXECGO_WEBHOOK_SECRET")
+    assert not [message for message in checks.run_checks(tags=[checks.Tags.security])
+                if message.id.startswith("execgo.")]
