@@ -31,6 +31,7 @@ from runs.selectors import LIVE_EVENT_FIELDS, runs_for_user
 from runs.statemachine import FINAL, RunState
 from runs.tokens import token_authenticate
 from runs.web.relay import event_payload, relay
+from runs.web.sessions import grant_for, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,29 @@ async def _authenticate(scope):
     if user is None or not user.is_authenticated:
         raise _Refused(ErrorCode.DENIED, "authentication credentials were not provided or are invalid", 401)
     return user
+
+
+def _credential(scope, user, run_id: int):
+    """What let this request in, to check again while a stream lasts: the
+    token's key, or the session's grant (runs.web.sessions)."""
+    header = _headers(scope).get("authorization", "")
+    if header.startswith("Token "):
+        return ("token", header[len("Token "):].strip())
+    session = scope.get("session")
+    run = Run.objects.filter(pk=run_id).values_list("tenant_id", flat=True).get()
+    return ("session", grant_for(user, session.session_key if session else "", tenant_id=run, needs_approver=False))
+
+
+def _still_allowed(credential, run_id: int) -> bool:
+    """The credential still holds and still reaches the run: the token is not
+    revoked or expired and its user active and of the run's tenant; the
+    session not ended, its password unchanged, its user active and of the
+    run's tenant."""
+    kind, value = credential
+    if kind == "token":
+        token = token_authenticate(value)
+        return token is not None and _run_of(token.user, run_id) is not None
+    return verdicts([value])[0] is None
 
 
 def _json(body: dict) -> bytes:
@@ -187,10 +211,17 @@ def _ends(event: dict) -> bool:
     return event["type"] == EventType.RUN_STATE_CHANGED and event["data"].get("to") in FINAL
 
 
+# The last event of a stream whose token or session stopped holding
+# (revoked, expired, logged out, user deactivated or moved to another tenant).
+_ENDED = b'event: access_lost\ndata: {"reason": "the credentials of this stream no longer hold"}\n\n'
+
+
 class RunStreamConsumer(_ApiConsumer):
     """``GET /api/v1/runs/{id}/stream``: Server-Sent Events, one per outbox
     row of the run, from ``Last-Event-ID`` (or ``?last_event_id=``) on;
-    ``: keep-alive`` comments while quiet; closes after the final state."""
+    ``: keep-alive`` comments while quiet; closes after the final state, or
+    with an ``access_lost`` event once its credentials stop holding (checked
+    every ``EXECGO_WS_RECHECK_S``)."""
 
     async def respond(self, user, run_id: int, query: dict) -> None:
         raw = _headers(self.scope).get("last-event-id") or query.get("last_event_id", "0")
@@ -199,6 +230,7 @@ class RunStreamConsumer(_ApiConsumer):
         last = int(raw)
         if await _db(_run_of)(user, run_id) is None:
             raise _Refused(ErrorCode.NOT_FOUND, f"no run {run_id}", 404)
+        credential = await _db(_credential)(self.scope, user, run_id)
         await relay.ensure_started()
         await self.send_headers(status=200, headers=[(b"Content-Type", b"text/event-stream"),
                                                      (b"Cache-Control", b"no-store"), (b"X-Accel-Buffering", b"no")])
@@ -214,12 +246,25 @@ class RunStreamConsumer(_ApiConsumer):
             last = max(last, upto)
             if await _db(_nothing_left)(run_id, last):
                 return await self.send_body(b"")  # final, and its last event is behind the client
+            recheck_s = settings.EXECGO_WS_RECHECK_S
+            checked = sent = time.monotonic()
             while True:
                 try:
-                    event = await asyncio.wait_for(live.get(), KEEP_ALIVE_S)
+                    event = await asyncio.wait_for(live.get(), max(0.0, checked + recheck_s - time.monotonic()))
                 except TimeoutError:
-                    await self.send_body(b": keep-alive\n\n", more_body=True)
+                    event = None
+                now = time.monotonic()
+                if now - checked >= recheck_s:
+                    # The stream lasts only as long as what let it open.
+                    if not await _db(_still_allowed)(credential, run_id):
+                        return await self.send_body(_ENDED)
+                    checked = now
+                if event is None:
+                    if now - sent >= KEEP_ALIVE_S:
+                        await self.send_body(b": keep-alive\n\n", more_body=True)
+                        sent = now
                     continue
+                sent = now
                 if event["id"] <= last:
                     continue
                 last = event["id"]
