@@ -44,6 +44,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import subprocess
 import time
 from pathlib import Path
@@ -201,16 +202,38 @@ def _helper_source() -> str:
     return _source[0]
 
 
-def start_helper(plan: dict[str, Any], workspace: Path, *, network: str, stdout: Any) -> subprocess.Popen:
+def start_helper(plan: dict[str, Any], workspace: Path, *, network: str, stdin: Any, stdout: Any
+                 ) -> subprocess.Popen:
     """The helper's process, as the step's uid in a session of its own,
-    waiting for its request on stdin."""
+    reading its request from ``stdin``."""
     uid, gid = plan.get("uid"), plan.get("gid")
     drop = uid is not None and os.geteuid() == 0
     return subprocess.Popen(
-        helper_argv(plan, workspace, network=network), stdin=subprocess.PIPE, stdout=stdout,
+        helper_argv(plan, workspace, network=network), stdin=stdin, stdout=stdout,
         stderr=subprocess.DEVNULL, env=HELPER_ENV, cwd="/", close_fds=True, start_new_session=True,
         **({"user": uid, "group": gid if gid is not None else uid, "extra_groups": []} if drop else {}),
     )  # fmt: skip
+
+
+def _wait(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait for ``process`` to end -> False when it overran. Woken by its
+    exit (a pidfd) where it can be: ``Popen.wait(timeout)`` polls, with sleeps
+    of up to 50 ms, which a request would pay most of each time."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        try:
+            process.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        ended = bool(select.select([pidfd], [], [], timeout)[0])
+    finally:
+        os.close(pidfd)
+    if ended:
+        process.wait()
+    return ended
 
 
 def call_helper(spec: dict[str, Any], *, plan: dict[str, Any], workspace: Path, directory: Path,
@@ -218,18 +241,24 @@ def call_helper(spec: dict[str, Any], *, plan: dict[str, Any], workspace: Path, 
     """Run one request in the helper, from ``network`` -> its reply
     (``{"error": "timeout"}`` when it overran). Below the guard: ``spec``'s
     address is taken as checked."""
-    output_path = directory / "http-reply.json"
+    request_path, output_path = directory / "http-request.json", directory / "http-reply.json"
     output_cap = 2 * max_body_bytes() + 1024 * 1024  # base64 of the body, the headers, the JSON around them
     spec["limits"] = {"address_space_bytes": HELPER_ADDRESS_SPACE_BYTES, "cpu_seconds": int(timeout) + 2,
                       "output_bytes": output_cap}
-    with open(output_path, "wb") as out:
-        process = start_helper(plan, workspace, network=network, stdout=out)
-        try:
-            process.communicate(json.dumps(spec).encode(), timeout=timeout + HELPER_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
-            return {"error": "timeout", "message": "the request's process overran"}
+    # A file, not a pipe: nothing to write (or block on) once the helper runs.
+    # 0600: the request carries the step's headers (its credentials too).
+    with open(os.open(request_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as request:
+        request.write(json.dumps(spec))
+    try:
+        with open(request_path, "rb") as request, open(output_path, "wb") as out:
+            process = start_helper(plan, workspace, network=network, stdin=request, stdout=out)
+    finally:
+        request_path.unlink(missing_ok=True)
+    if not _wait(process, timeout + HELPER_GRACE_S):
+        os.killpg(process.pid, 9)
+        process.wait()
+        output_path.unlink(missing_ok=True)
+        return {"error": "timeout", "message": "the request's process overran"}
     try:
         raw = output_path.read_bytes()
     finally:

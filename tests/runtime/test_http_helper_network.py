@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -126,7 +127,7 @@ def test_the_helper_behind_pasta_is_in_a_network_namespace_of_its_own(
     server = canaries["127.0.0.1"]
     plan = make_plan(profile)
     with open(tmp_path / "reply.json", "wb") as out:
-        process = http_tool.start_helper(plan, workspace, network=network, stdout=out)
+        process = http_tool.start_helper(plan, workspace, network=network, stdin=subprocess.PIPE, stdout=out)
         try:
             helper = helper_process(psutil.Process(process.pid))  # it waits for its request on stdin
             helper_namespace = os.readlink(f"/proc/{helper.pid}/ns/net")
@@ -221,3 +222,16 @@ def test_without_pasta_adaptive_sends_from_the_hosts_network_and_says_so(canarie
     assert result["details"]["downgrades"] == [{"what": "request_network", "requested": "pasta", "effective": "host",
                                                 "reason": "pasta (passt) is not installed"}]
     assert len(server.connections) == 1
+
+
+def test_the_wait_for_the_helper_ends_with_it_or_at_its_deadline():
+    quick = subprocess.Popen(["/bin/true"])
+    assert http_tool._wait(quick, 5) is True and quick.returncode == 0
+    slow = subprocess.Popen(["/bin/sleep", "30"])
+    try:
+        started = time.monotonic()
+        assert http_tool._wait(slow, 0.2) is False
+        assert time.monotonic() - started < 10 and slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
