@@ -10,12 +10,20 @@ and p95 wall time per request for
                  step's uid (the ``process`` profile)
   - sandbox:     the same with the helper inside bubblewrap
                  (``linux_sandbox``)
+These reach an allow-listed server, so the request is sent from the host's
+network. A public destination's request is sent from a network namespace
+of its own behind pasta; as nothing public may be reached from here, that
+cost is measured on a step whose destination the bench passes as public
+while it is a closed port on 127.0.0.1 (refused where it is sent from):
+  - process refused / sandbox refused: sent from the host's network
+  - process pasta / sandbox pasta:     sent from pasta's namespace
 Uses a throw-away data directory unless EXECGO_DATA_DIR is set.
 """
 
 import http.server
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -57,7 +65,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def figures(name, samples):
     samples = sorted(samples)
     p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
-    print(f"{name:12s} median {statistics.median(samples) * 1000:7.2f} ms   p95 {p95 * 1000:7.2f} ms")
+    print(f"{name:16s} median {statistics.median(samples) * 1000:7.2f} ms   p95 {p95 * 1000:7.2f} ms")
     return statistics.median(samples)
 
 
@@ -89,8 +97,34 @@ def main():
             shutil.rmtree(layout.task_dir(handle), ignore_errors=True)
 
         measure("sandbox" if profile == "linux_sandbox" else "process", step)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: a refused connect, and no one else takes the port
+    port = closed.getsockname()[1]
+    check = egress.check_destination
+    for profile in ("process", "linux_sandbox"):
+        plan = resolve_plan({"profile": profile}, mode="adaptive")
+        name = "sandbox" if profile == "linux_sandbox" else "process"
+        for network, public in (("refused", False), ("pasta", True)):
+            # allow-listed: the host's network; "public": pasta's namespace.
+            egress.check_destination = (lambda host, port, public=public, **kw: egress.Destination(
+                host=host, address="127.0.0.1", port=port, allow_listed=not public,
+                internal_class=None if public else "loopback"))
+
+            def refused(network=network, plan=plan):
+                handle = f"bench-{uuid.uuid4().hex[:12]}"
+                result = executor.execute(handle, tool="http", params={"url": f"http://bench.test:{port}/"},
+                                          timeout_s=5, attempt=1, plan=plan)
+                assert result["error"]["code"] == "external_failure", result["error"]
+                assert result["details"]["request_network"] == ("pasta" if network == "pasta" else "host")
+                shutil.rmtree(layout.task_dir(handle), ignore_errors=True)
+
+            measure(f"{name} {network}", refused)
+    egress.check_destination = check
+    closed.close()
     for name in ("process", "sandbox"):
         print(f"{name} costs {(timings[name] - timings['in-process']) * 1000:.1f} ms over in-process (median)")
+        print(f"{name}: pasta's namespace adds {(timings[f'{name} pasta'] - timings[f'{name} refused']) * 1000:.1f} ms"
+              f" (median)")
     server.shutdown()
     if SCRATCH:
         shutil.rmtree(SCRATCH, ignore_errors=True)

@@ -441,6 +441,9 @@ EXECGO_HTTP_MAX_BODY_BYTES = env_int("EXECGO_HTTP_MAX_BODY_BYTES", 1024 * 1024)
 EXECGO_HTTP_HELPER_PYTHON = env_str(
     "EXECGO_HTTP_HELPER_PYTHON", "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 )
+# CAs an https request trusts besides the system's (a PEM file, e.g. an
+# internal CA): the worker reads it, the request's process gets its text.
+EXECGO_HTTP_CA_BUNDLE = env_str("EXECGO_HTTP_CA_BUNDLE", "")
 
 # A sweep that finds more stuck runs than this hands each to the workers (a task a run).
 EXECGO_SWEEP_INLINE_MAX = env_int("EXECGO_SWEEP_INLINE_MAX", 20)

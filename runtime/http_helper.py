@@ -3,18 +3,22 @@
 Started by runtime/tools/http.py as ``python -I -S -c <this file's text>``
 (the checkout may be hidden from the step's sandbox), with a built
 environment, no inherited descriptors but its three standard ones, as the
-step's uid and, where bubblewrap is, inside the step's sandbox. It imports
-the standard library only, so nothing of the worker (its settings, its
+step's uid, where bubblewrap is inside the step's sandbox and, unless the
+destination is an allow-listed internal one, in a network namespace of its
+own behind pasta (the host's loopback out of reach). It imports the
+standard library only, so nothing of the worker (its settings, its
 database credentials) is in this process when the response is parsed.
 
 Reads one JSON request on stdin: ``{"address", "port", "family", "scheme",
 "host", "method", "target", "headers", "body_b64", "timeout_s",
-"max_body_bytes", "limits"}``; connects to ``address`` and nothing else
-(the worker resolved and checked it), sending ``host`` as the Host header
-and, for https, as the TLS server name the certificate is verified
-against. Writes one JSON line on stdout: ``{"status", "headers",
-"body_b64", "truncated"}`` or ``{"error": "timeout" | "failed",
-"message"}``. Redirects are the worker's to follow (each hop is checked).
+"max_body_bytes", "ca_certificates", "limits"}``; connects to ``address``
+and nothing else (the worker resolved and checked it), sending ``host`` as
+the Host header and, for https, as the TLS server name the certificate is
+verified against (the system's CAs, plus the PEM text
+``ca_certificates`` when given). Writes one JSON line on stdout:
+``{"status", "headers", "body_b64", "truncated"}`` or ``{"error":
+"timeout" | "certificate" | "failed", "message"}``. Redirects are the
+worker's to follow (each hop is checked).
 """
 
 import base64
@@ -52,6 +56,8 @@ def _request(spec):
         import ssl  # only here: its import is most of a plain request's start-up
 
         context = ssl.create_default_context()
+        if spec.get("ca_certificates"):
+            context.load_verify_locations(cadata=spec["ca_certificates"])
         sock = context.wrap_socket(sock, server_hostname=spec["host"])
         connection = http.client.HTTPSConnection(spec["host"], int(spec["port"]), timeout=timeout, context=context)
     else:
@@ -76,7 +82,13 @@ def main():
         reply = _request(spec)
     except (TimeoutError, socket.timeout):
         reply = {"error": "timeout", "message": "timed out"}
-    except (OSError, http.client.HTTPException) as exc:
+    except OSError as exc:
+        # Known by name: ssl is imported for https requests only.
+        if type(exc).__name__ == "SSLCertVerificationError":
+            reply = {"error": "certificate", "message": exc.verify_message or str(exc)}
+        else:
+            reply = {"error": "failed", "message": repr(exc)}
+    except http.client.HTTPException as exc:
         reply = {"error": "failed", "message": repr(exc)}
     sys.stdout.write(json.dumps(reply))
     sys.stdout.flush()

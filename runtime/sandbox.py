@@ -90,15 +90,17 @@ def pasta_path() -> str | None:
     return settings.EXECGO_PASTA_PATH or shutil.which("pasta")
 
 
-def pasta_argv(pasta: str) -> list[str]:
-    """The user-mode NAT in front of bubblewrap for ``"network": "internet"``:
-    pasta makes the network namespace (bubblewrap then shares it) with a copy
-    of the host's address and routes, so the host's own address is the
-    step's own; the gateway is not mapped to the host (``--no-map-gw``) and no
-    port of the host's loopback is forwarded in (``-T none -U none``), nor of
-    the step's out (``-t none -u none``)."""
+def pasta_argv(pasta: str, *, tcp_only: bool = False) -> list[str]:
+    """The user-mode NAT in front of bubblewrap for ``"network": "internet"``
+    (and of an http step's request, runtime/tools/http.py): pasta makes the
+    network namespace (bubblewrap then shares it) with a copy of the host's
+    address and routes, so the host's own address is the step's own; the
+    gateway is not mapped to the host (``--no-map-gw``) and no port of the
+    host's loopback is forwarded in (``-T none -U none``), nor of the step's
+    out (``-t none -u none``). ``tcp_only``: no UDP or ICMP leaves the
+    namespace (a request needs neither: it connects to a checked address)."""
     return [pasta, "--config-net", "--quiet", "--no-map-gw", "-t", "none", "-u", "none", "-T", "none", "-U", "none",
-            "--"]
+            *(["--no-udp", "--no-icmp"] if tcp_only else []), "--"]
 
 
 def _under(path: str, parents: Iterable[str]) -> bool:

@@ -8,14 +8,25 @@ link-local, metadata and the other internal classes are ``denied`` unless
 ``EXECGO_HTTP_ALLOWED_NETWORKS`` lists them), then starts the helper
 (runtime/http_helper.py) that connects to that address only, keeping the
 Host header and, for https, the server name and certificate check of the
-URL's host. The helper runs with a built environment, no inherited
+URL's host (the system's CAs, plus ``EXECGO_HTTP_CA_BUNDLE``'s when set:
+the worker reads it and hands the helper its text, so the helper needs no
+view of the file). The helper runs with a built environment, no inherited
 descriptors, the step's uid, rlimits of its own and, in the
 ``linux_sandbox`` profile, inside bubblewrap (read-only host, the data
-directory hidden, own PID and user namespaces) on the host's network: the
-checked address may be an allow-listed one on the host's loopback, which a
-network namespace behind pasta cannot reach. So a response that takes the
-parser over finds no database credentials in its process; what it could
-still reach is the network, with the step's uid.
+directory hidden, own PID and user namespaces).
+
+Its network (``helper_network``): a network namespace of its own behind
+pasta (``sandbox.pasta_argv``: no gateway mapped to the host, no port of
+the host's loopback forwarded in, TCP only), for every destination but an
+allow-listed internal one. So a response that takes the parser over finds
+no database credentials in its process, and no way to the host's loopback
+services (PostgreSQL, Redis, the web port) either, whatever address it
+tries. Only a destination the operator allow-listed gets the host's
+network, as it may be on the host's loopback, which pasta cannot reach.
+Without pasta (not installed, or unusable for the sandbox uid), a
+``strict`` plan refuses the request (``denied``) and an ``adaptive`` one
+sends it from the host's network, saying so in the step's details
+(``request_network`` and ``downgrades``).
 
 Redirects are not followed unless ``follow_redirects`` (0 to
 ``MAX_REDIRECTS``) says how many; each hop goes through the guard again,
@@ -24,6 +35,7 @@ The response body is read up to ``EXECGO_HTTP_MAX_BODY_BYTES`` (the rest is
 not downloaded). A 2xx/3xx response is a success; 4xx/5xx is
 ``external_failure`` with the response still in ``output`` (retryable for
 408, 429 and 5xx); connection failures are retryable ``external_failure``,
+a certificate that does not verify is a ``external_failure`` that is not,
 a timeout is ``timeout``.
 """
 
@@ -32,6 +44,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import subprocess
 import time
 from pathlib import Path
@@ -41,8 +54,9 @@ from urllib.parse import urljoin, urlsplit
 from django.conf import settings
 
 from runtime import egress
+from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError, error_envelope
-from runtime.sandbox import bwrap_argv, bwrap_path
+from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 RETRYABLE_STATUS = {408, 429}
@@ -126,17 +140,57 @@ def _origin(url: str) -> tuple[str, str, int]:
     return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _helper_argv(plan: dict[str, Any], workspace: Path) -> list[str]:
-    helper = [settings.EXECGO_HTTP_HELPER_PYTHON, "-I", "-S", "-c", _helper_source()]
-    if plan.get("profile") != "linux_sandbox":
-        return helper
-    bwrap = bwrap_path()
-    if not bwrap:
-        raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
-    # The host's network: the address is checked already (see the module docstring).
-    return bwrap_argv(bwrap=bwrap, workspace=str(workspace), cwd=str(workspace), env=HELPER_ENV,
-                      uid=plan.get("uid"), gid=plan.get("gid"), limits=plan.get("limits") or {},
-                      network="host") + helper
+def helper_network(destination: egress.Destination, plan: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The network the helper sends a request to ``destination`` from:
+    ``("pasta" | "host", the downgrade or None)``; raises ``denied`` when a
+    strict plan cannot have pasta (see the module docstring)."""
+    if destination.allow_listed and destination.internal_class is not None:
+        return "host", None
+    reason = _pasta_unusable()
+    if reason is None:
+        return "pasta", None
+    if plan.get("mode") == "strict":
+        raise EnvelopeError.of("denied", f"cannot send the request from a network namespace of its own: {reason}",
+                               source="executor", details={"what": "request_network", "requested": "pasta",
+                                                           "reason": reason})
+    return "host", {"what": "request_network", "requested": "pasta", "effective": "host", "reason": reason}
+
+
+def _pasta_unusable() -> str | None:
+    path = pasta_path()
+    if not path or not os.access(path, os.X_OK):
+        return "pasta (passt) is not installed"
+    probe = capability_manifest().get("pasta") or {}
+    if not probe.get("available"):
+        return f"pasta is unusable on this host: {probe.get('error') or 'not available'}"
+    return None
+
+
+def helper_argv(plan: dict[str, Any], workspace: Path, *, network: str) -> list[str]:
+    """The helper's command line: ``network`` is ``helper_network``'s word."""
+    argv = [settings.EXECGO_HTTP_HELPER_PYTHON, "-I", "-S", "-c", _helper_source()]
+    if plan.get("profile") == "linux_sandbox":
+        bwrap = bwrap_path()
+        if not bwrap:
+            raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
+        # "internet": bubblewrap shares the namespace pasta made in front of it.
+        argv = bwrap_argv(bwrap=bwrap, workspace=str(workspace), cwd=str(workspace), env=HELPER_ENV,
+                          uid=plan.get("uid"), gid=plan.get("gid"), limits=plan.get("limits") or {},
+                          network="host" if network == "host" else "internet") + argv
+    if network == "pasta":
+        argv = pasta_argv(pasta_path() or "pasta", tcp_only=True) + argv
+    return argv
+
+
+def extra_ca_certificates() -> str | None:
+    """The PEM text of ``EXECGO_HTTP_CA_BUNDLE`` (None when unset)."""
+    path = settings.EXECGO_HTTP_CA_BUNDLE
+    if not path:
+        return None
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeError) as exc:
+        raise EnvelopeError.of("internal", f"cannot read EXECGO_HTTP_CA_BUNDLE: {exc}", source="executor") from None
 
 
 _source: list[str] = []
@@ -148,27 +202,63 @@ def _helper_source() -> str:
     return _source[0]
 
 
-def _call_helper(spec: dict[str, Any], *, plan: dict[str, Any], workspace: Path, directory: Path,
-                 timeout: float) -> dict[str, Any]:
-    """Run one request in the helper -> its reply (``{"error": "timeout"}`` when it overran)."""
-    output_path = directory / "http-reply.json"
+def start_helper(plan: dict[str, Any], workspace: Path, *, network: str, stdin: Any, stdout: Any
+                 ) -> subprocess.Popen:
+    """The helper's process, as the step's uid in a session of its own,
+    reading its request from ``stdin``."""
+    uid, gid = plan.get("uid"), plan.get("gid")
+    drop = uid is not None and os.geteuid() == 0
+    return subprocess.Popen(
+        helper_argv(plan, workspace, network=network), stdin=stdin, stdout=stdout,
+        stderr=subprocess.DEVNULL, env=HELPER_ENV, cwd="/", close_fds=True, start_new_session=True,
+        **({"user": uid, "group": gid if gid is not None else uid, "extra_groups": []} if drop else {}),
+    )  # fmt: skip
+
+
+def _wait(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait for ``process`` to end -> False when it overran. Woken by its
+    exit (a pidfd) where it can be: ``Popen.wait(timeout)`` polls, with sleeps
+    of up to 50 ms, which a request would pay most of each time."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        try:
+            process.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        ended = bool(select.select([pidfd], [], [], timeout)[0])
+    finally:
+        os.close(pidfd)
+    if ended:
+        process.wait()
+    return ended
+
+
+def call_helper(spec: dict[str, Any], *, plan: dict[str, Any], workspace: Path, directory: Path,
+                timeout: float, network: str) -> dict[str, Any]:
+    """Run one request in the helper, from ``network`` -> its reply
+    (``{"error": "timeout"}`` when it overran). Below the guard: ``spec``'s
+    address is taken as checked."""
+    request_path, output_path = directory / "http-request.json", directory / "http-reply.json"
     output_cap = 2 * max_body_bytes() + 1024 * 1024  # base64 of the body, the headers, the JSON around them
     spec["limits"] = {"address_space_bytes": HELPER_ADDRESS_SPACE_BYTES, "cpu_seconds": int(timeout) + 2,
                       "output_bytes": output_cap}
-    uid, gid = plan.get("uid"), plan.get("gid")
-    drop = uid is not None and os.geteuid() == 0
-    with open(output_path, "wb") as out:
-        process = subprocess.Popen(
-            _helper_argv(plan, workspace), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.DEVNULL,
-            env=HELPER_ENV, cwd="/", close_fds=True, start_new_session=True,
-            **({"user": uid, "group": gid if gid is not None else uid, "extra_groups": []} if drop else {}),
-        )  # fmt: skip
-        try:
-            process.communicate(json.dumps(spec).encode(), timeout=timeout + HELPER_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
-            return {"error": "timeout", "message": "the request's process overran"}
+    # A file, not a pipe: nothing to write (or block on) once the helper runs.
+    # 0600: the request carries the step's headers (its credentials too).
+    with open(os.open(request_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as request:
+        request.write(json.dumps(spec))
+    try:
+        with open(request_path, "rb") as request, open(output_path, "wb") as out:
+            process = start_helper(plan, workspace, network=network, stdin=request, stdout=out)
+    finally:
+        request_path.unlink(missing_ok=True)
+    if not _wait(process, timeout + HELPER_GRACE_S):
+        os.killpg(process.pid, 9)
+        process.wait()
+        output_path.unlink(missing_ok=True)
+        return {"error": "timeout", "message": "the request's process overran"}
     try:
         raw = output_path.read_bytes()
     finally:
@@ -203,6 +293,8 @@ def run(params: dict[str, Any], *, timeout_s: float, plan: dict[str, Any], works
     url = params["url"]
     details: dict[str, Any] = {"method": method, "url": url}
     redirects: list[dict[str, Any]] = []
+    downgrades: list[dict[str, Any]] = []
+    ca_certificates: str | None = None  # read at the first https hop
     for hop in range(params.get("follow_redirects", 0) + 1):
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -211,18 +303,32 @@ def run(params: dict[str, Any], *, timeout_s: float, plan: dict[str, Any], works
             return {}, details, _timeout_envelope(timeout)
         extra = {"url": url, "hop": hop} if hop else {}
         destination = egress.check_destination(parts.hostname or "", port, timeout_s=remaining, **extra)
+        network, downgrade = helper_network(destination, plan)
         details["address"] = destination.address
+        details["request_network"] = network
+        if downgrade is not None and downgrade not in downgrades:
+            downgrades.append(downgrade)
+            details["downgrades"] = downgrades
+        if parts.scheme == "https" and ca_certificates is None:
+            ca_certificates = extra_ca_certificates() or ""
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
         spec = {"address": destination.address, "port": port, "family": destination.family, "scheme": parts.scheme,
                 "host": parts.hostname, "method": method, "target": target, "headers": headers,
                 "body_b64": base64.b64encode(data).decode() if data is not None else None,
-                "timeout_s": max(remaining, 0.001), "max_body_bytes": max_body_bytes()}
-        reply = _call_helper(spec, plan=plan, workspace=workspace, directory=directory,
-                             timeout=max(remaining, 0.001))
+                "timeout_s": max(remaining, 0.001), "max_body_bytes": max_body_bytes(),
+                "ca_certificates": (ca_certificates or None) if parts.scheme == "https" else None}
+        reply = call_helper(spec, plan=plan, workspace=workspace, directory=directory,
+                            timeout=max(remaining, 0.001), network=network)
         if reply.get("error") == "timeout":
             return {}, details, _timeout_envelope(timeout)
+        if reply.get("error") == "certificate":
+            # The same server answers the same certificate: no retry.
+            return {}, details, error_envelope(
+                "external_failure", f"http request failed: the certificate of {parts.hostname} does not verify: "
+                                    f"{reply.get('message')}", retryable=False,
+                details={"host": parts.hostname, "reason": reply.get("message")})
         if "error" in reply:
             return {}, details, error_envelope("external_failure", f"http request failed: {reply.get('message')}",
                                                retryable=True)
