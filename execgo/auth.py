@@ -20,8 +20,9 @@ password is checked. The approver still signs in, at most that much later.
 import asyncio
 import ipaddress
 import logging
+import time
 
-from asgiref.sync import markcoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from axes.backends import AxesStandaloneBackend
 from axes.models import AccessAttempt
 from django.conf import settings
@@ -94,30 +95,50 @@ def throttle_delay(failures: int) -> float:
 class LoginThrottleMiddleware:
     """Holds back a login POST for a username under a spray of failures.
 
-    Asynchronous on purpose: under Daphne every synchronous view of a process
-    runs on one thread, so a ``time.sleep`` here would hold up every page of
-    every user, and the attacker's failures would slow the whole site. An
-    ``asyncio.sleep`` holds up only this request. (Under WSGI, Django runs it
-    in a thread of its own per request.)
+    Under Daphne it runs asynchronously (every middleware below it can, see
+    ``execgo.logs.RequestContextMiddleware``; tests/web/test_login_lockout.py
+    holds that): there every synchronous view of a process runs on one
+    thread, so a ``time.sleep`` would hold up every page of every user, and
+    the attacker's failures would slow the whole site, while an
+    ``asyncio.sleep`` holds up only this request. Under WSGI, where each
+    request has a thread of its own, it runs synchronously.
     """
 
+    sync_capable = True
     async_capable = True
-    sync_capable = False
 
     def __init__(self, get_response):
         self.get_response = get_response
-        markcoroutinefunction(self)
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
-    async def __call__(self, request):
-        delay = 0.0
-        if request.method == "POST" and request.path in (reverse("login"), reverse("admin:login")):
-            username = request.POST.get("username", "")
-            if username:
-                delay = throttle_delay(await sync_to_async(username_failures)(username))
+    def __call__(self, request):
+        if self.is_async:
+            return self.__acall__(request)
+        delay = _login_delay(request)
         if delay:
-            logger.warning("login for a username under repeated failures held back %.2fs", delay)
+            time.sleep(delay)
+        return _mark(self.get_response(request), delay)
+
+    async def __acall__(self, request):
+        delay = await sync_to_async(_login_delay)(request)
+        if delay:
             await asyncio.sleep(delay)
-        response = await self.get_response(request)
-        if delay:
-            response[THROTTLE_HEADER] = f"{delay:.2f}"
-        return response
+        return _mark(await self.get_response(request), delay)
+
+
+def _login_delay(request) -> float:
+    if request.method != "POST" or request.path not in (reverse("login"), reverse("admin:login")):
+        return 0.0
+    username = request.POST.get("username", "")
+    delay = throttle_delay(username_failures(username)) if username else 0.0
+    if delay:
+        logger.warning("login for a username under repeated failures held back %.2fs", delay)
+    return delay
+
+
+def _mark(response, delay: float):
+    if delay:
+        response[THROTTLE_HEADER] = f"{delay:.2f}"
+    return response

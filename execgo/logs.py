@@ -24,6 +24,7 @@ import uuid
 from typing import Any
 
 import structlog
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from celery.signals import setup_logging, task_postrun, task_prerun
 from structlog.contextvars import bind_contextvars, clear_contextvars, get_contextvars, merge_contextvars
 
@@ -161,21 +162,45 @@ def _tenant_id(request) -> int | None:
 class RequestContextMiddleware:
     """Binds the request's ids to every line logged while it is handled,
     echoes ``X-Request-ID`` and logs one line per request (method, path,
-    status, duration; never the query string)."""
+    status, duration; never the query string).
+
+    Synchronous or asynchronous as the chain below it is: under Daphne the
+    whole chain stays asynchronous down to the view (which Django runs in a
+    thread, with these bindings copied in), so a middleware above it that
+    waits (``execgo.auth.LoginThrottleMiddleware``) waits on the event loop."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        if self.is_async:
+            return self.__acall__(request)
+        self._bind(request, _tenant_id(request))
+        started = time.monotonic()
+        return self._finish(request, self.get_response(request), started)
+
+    async def __acall__(self, request):
+        self._bind(request, await sync_to_async(_tenant_id)(request))
+        started = time.monotonic()
+        return self._finish(request, await self.get_response(request), started)
+
+    @staticmethod
+    def _bind(request, tenant_id: int | None) -> None:
         clear_contextvars()
         offered = request.META.get("HTTP_X_REQUEST_ID", "")
         request.request_id = offered if REQUEST_ID.match(offered) else uuid.uuid4().hex
         bind_contextvars(request_id=request.request_id)
-        tenant_id = _tenant_id(request)
         if tenant_id is not None:
             bind_contextvars(tenant_id=tenant_id)
-        started = time.monotonic()
-        response = self.get_response(request)
+
+    @staticmethod
+    def _finish(request, response, started: float):
         response["X-Request-ID"] = request.request_id
         logger.info("%s %s %s", request.method, request.path, response.status_code, extra={
             "method": request.method, "path": request.path, "status": response.status_code,

@@ -14,7 +14,7 @@ from axes.models import AccessAttempt
 from django.test import Client
 
 from approvals.models import APPROVERS_GROUP
-from execgo.auth import THROTTLE_HEADER, throttle_delay
+from execgo.auth import THROTTLE_HEADER, LoginThrottleMiddleware, throttle_delay
 from tests.conftest import make_user, token_client
 
 pytestmark = pytest.mark.django_db
@@ -144,3 +144,22 @@ def test_the_api_token_path_is_unaffected(quick_throttle, approver):
         response = api.get("/api/v1/runs", REMOTE_ADDR=address)
         assert response.status_code == 200, response.content
         assert THROTTLE_HEADER not in response
+
+
+def _throttle_in(handler) -> LoginThrottleMiddleware:
+    """The throttle's instance in a handler's middleware chain."""
+    layer = handler._middleware_chain  # each middleware behind Django's exception wrapper
+    while not isinstance(layer, LoginThrottleMiddleware):
+        layer = layer.__wrapped__ if hasattr(layer, "__wrapped__") else layer.get_response
+    return layer
+
+
+def test_under_daphne_the_throttle_waits_on_the_event_loop_and_under_wsgi_in_its_thread():
+    # Every middleware below it must be able to run asynchronously: one that
+    # cannot would put the throttle's sleep on the one thread all of a
+    # process's synchronous views share.
+    from django.core.handlers.asgi import ASGIHandler
+    from django.core.handlers.wsgi import WSGIHandler
+
+    assert _throttle_in(ASGIHandler()).is_async is True
+    assert _throttle_in(WSGIHandler()).is_async is False
