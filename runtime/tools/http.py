@@ -12,8 +12,9 @@ URL's host (the system's CAs, plus ``EXECGO_HTTP_CA_BUNDLE``'s when set:
 the worker reads it and hands the helper its text, so the helper needs no
 view of the file). The helper runs with a built environment, no inherited
 descriptors, the step's uid, rlimits of its own and, in the
-``linux_sandbox`` profile, inside bubblewrap (read-only host, the data
-directory hidden, own PID and user namespaces).
+``linux_sandbox`` profile, inside bubblewrap (the minimal filesystem, own
+PID and user namespaces, and the seccomp filter of shell steps when the
+plan has it).
 
 Its network (``helper_network``): a network namespace of its own behind
 pasta (``sandbox.pasta_argv``: no gateway mapped to the host, no port of
@@ -53,7 +54,7 @@ from urllib.parse import urljoin, urlsplit
 
 from django.conf import settings
 
-from runtime import egress
+from runtime import egress, syscall_filter
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError, error_envelope
 from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
@@ -166,8 +167,11 @@ def _pasta_unusable() -> str | None:
     return None
 
 
-def helper_argv(plan: dict[str, Any], workspace: Path, *, network: str) -> list[str]:
-    """The helper's command line: ``network`` is ``helper_network``'s word."""
+def helper_argv(plan: dict[str, Any], workspace: Path, *, network: str, seccomp_fd: int | None = None
+                ) -> list[str]:
+    """The helper's command line: ``network`` is ``helper_network``'s word;
+    ``seccomp_fd``, the descriptor of the compiled system-call filter the
+    helper inherits (``linux_sandbox`` plans that have it)."""
     argv = [settings.EXECGO_HTTP_HELPER_PYTHON, "-I", "-S", "-c", _helper_source()]
     if plan.get("profile") == "linux_sandbox":
         bwrap = bwrap_path()
@@ -176,7 +180,7 @@ def helper_argv(plan: dict[str, Any], workspace: Path, *, network: str) -> list[
         # "internet": bubblewrap shares the namespace pasta made in front of it.
         argv = bwrap_argv(bwrap=bwrap, workspace=str(workspace), cwd=str(workspace), env=HELPER_ENV,
                           uid=plan.get("uid"), gid=plan.get("gid"), limits=plan.get("limits") or {},
-                          network="host" if network == "host" else "internet") + argv
+                          network="host" if network == "host" else "internet", seccomp_fd=seccomp_fd) + argv
     if network == "pasta":
         argv = pasta_argv(pasta_path() or "pasta", tcp_only=True) + argv
     return argv
@@ -205,14 +209,28 @@ def _helper_source() -> str:
 def start_helper(plan: dict[str, Any], workspace: Path, *, network: str, stdin: Any, stdout: Any
                  ) -> subprocess.Popen:
     """The helper's process, as the step's uid in a session of its own,
-    reading its request from ``stdin``."""
+    reading its request from ``stdin``; in a ``linux_sandbox`` plan with the
+    filter, under the shell steps' seccomp filter too."""
     uid, gid = plan.get("uid"), plan.get("gid")
     drop = uid is not None and os.geteuid() == 0
-    return subprocess.Popen(
-        helper_argv(plan, workspace, network=network), stdin=stdin, stdout=stdout,
-        stderr=subprocess.DEVNULL, env=HELPER_ENV, cwd="/", close_fds=True, start_new_session=True,
-        **({"user": uid, "group": gid if gid is not None else uid, "extra_groups": []} if drop else {}),
-    )  # fmt: skip
+    seccomp_fd = None
+    if plan.get("profile") == "linux_sandbox" and plan.get("seccomp"):
+        try:
+            # Opened before the uid drops: the program is the worker's (0600).
+            seccomp_fd = os.open(syscall_filter.program_path(), os.O_RDONLY | os.O_CLOEXEC)
+        except (syscall_filter.FilterUnavailable, OSError) as exc:
+            raise EnvelopeError.of("denied", f"the plan needs the seccomp filter: {exc}", source="executor"
+                                   ) from None
+    try:
+        return subprocess.Popen(
+            helper_argv(plan, workspace, network=network, seccomp_fd=seccomp_fd), stdin=stdin, stdout=stdout,
+            stderr=subprocess.DEVNULL, env=HELPER_ENV, cwd="/", close_fds=True, start_new_session=True,
+            pass_fds=(seccomp_fd,) if seccomp_fd is not None else (),
+            **({"user": uid, "group": gid if gid is not None else uid, "extra_groups": []} if drop else {}),
+        )  # fmt: skip
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
 
 
 def _wait(process: subprocess.Popen, timeout: float) -> bool:

@@ -235,3 +235,24 @@ def test_the_wait_for_the_helper_ends_with_it_or_at_its_deadline():
     finally:
         slow.kill()
         slow.wait()
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
+    return {name: fields[name].strip() for name in ("Seccomp", "NoNewPrivs")}
+
+
+@needs_bubblewrap()
+@pytest.mark.parametrize("with_filter", [True, False])
+def test_a_sandboxed_helper_runs_under_the_shell_steps_system_call_filter(workspace, tmp_path, with_filter):
+    plan = {**make_plan("linux_sandbox"), "seccomp": with_filter}
+    with open(tmp_path / "reply.json", "wb") as out:
+        process = http_tool.start_helper(plan, workspace, network="host", stdin=subprocess.PIPE, stdout=out)
+        try:
+            fields = _status_fields(helper_process(psutil.Process(process.pid)).pid)
+        finally:
+            os.killpg(process.pid, 9)
+            process.wait()
+    # 2: a filter is loaded (bubblewrap's --seccomp); bubblewrap always sets no_new_privs.
+    assert fields == {"Seccomp": "2" if with_filter else "0", "NoNewPrivs": "1"}
