@@ -26,21 +26,9 @@ from django.conf import settings as django_settings
 from runtime import egress, executor
 from runtime.tools import http as http_tool
 from tests.runtime.conftest import make_plan, needs_bubblewrap
+from tests.runtime.test_egress import Recording
 
 PROFILES = ["process", pytest.param("linux_sandbox", marks=needs_bubblewrap())]
-
-
-class Recording(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, family):
-        self.address_family = family
-        self.connections: list[tuple] = []
-        super().__init__(address, Handler)
-
-    def verify_request(self, request, client_address):
-        self.connections.append(client_address)
-        return True
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -57,8 +45,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def canaries():
     """The host's loopback services, as a taken-over helper would look for them."""
-    servers = {"127.0.0.1": Recording(("127.0.0.1", 0), socket.AF_INET),
-               "::1": Recording(("::1", 0), socket.AF_INET6)}
+    servers = {"127.0.0.1": Recording(("127.0.0.1", 0), Handler, socket.AF_INET),
+               "::1": Recording(("::1", 0), Handler, socket.AF_INET6)}
     for server in servers.values():
         threading.Thread(target=server.serve_forever, daemon=True).start()
     yield servers
