@@ -39,18 +39,19 @@ def _shim_info(directory: Path) -> dict[str, Any] | None:
 
 
 def _same_process(info: dict[str, Any]) -> psutil.Process | None:
-    """The live process described by info, or None (gone, zombie, or pid reused)."""
+    """The live process described by info, or None (gone, zombie, or pid
+    reused). Its create_time is in seconds after boot, as the shim wrote it."""
     try:
         process = psutil.Process(info["pid"])
         if (
             info.get("create_time") is not None
-            and abs(process.create_time() - info["create_time"]) > CREATE_TIME_TOLERANCE_S
+            and abs(shim.proc.process_create_time(process.pid) - info["create_time"]) > CREATE_TIME_TOLERANCE_S
         ):
             return None
         if process.status() == psutil.STATUS_ZOMBIE:
             return None
         return process
-    except psutil.NoSuchProcess:
+    except (OSError, psutil.NoSuchProcess):
         return None
 
 

@@ -340,7 +340,6 @@ def serve(tasks_dir, idle_s):
     import shim
 
     shim.proc.load_libc()
-    shim.proc.boot_time()  # read once here, inherited by every shim
     own_namespace_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
     version = code_version(sys.executable)
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)

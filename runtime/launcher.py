@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 from django.conf import settings
 
 from runtime import forkserver, shim
@@ -53,7 +52,7 @@ _spawned: set[int] = set()
 class ShimHandle:
     handle_id: str
     pid: int
-    create_time: float | None
+    create_time: float | None  # seconds after boot (clock ticks), never the wall clock
     via: str  # "forkserver" | "spare" (forked by the server ahead of its step) | "spawn"
     # The fork server's shims report "done" on it (see forkserver.ShimLink).
     link: forkserver.ShimLink | None = field(default=None, compare=False)
@@ -290,8 +289,8 @@ def _start_shim(directory: Path, request: dict[str, Any], spare: forkserver.Shim
         pid = _spawn_directly(directory, pid_namespace=pid_namespace)
     if created is None:
         try:
-            created = psutil.Process(pid).create_time()
-        except psutil.NoSuchProcess:
+            created = shim.proc.process_create_time(pid)  # seconds after boot, as the shim's
+        except (OSError, ValueError, IndexError):
             created = None  # already finished: wait() goes straight to result.json
     return pid, created, via, link
 

@@ -34,14 +34,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from runtime import statements
+from runtime import shim_process, statements
 from runtime.capabilities import capability_manifest, host_name
 from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity, Reservation
 
 COUNTERS = ("task_slots", "memory_bytes", "pids")
-# psutil reports a process's start time in clock ticks turned into seconds:
-# the same process always reads the same, a reused pid reads later.
+# A process's start time is read in seconds after boot (its start in clock
+# ticks): the same process always reads the same, a reused pid reads later,
+# and setting the wall clock changes neither (an epoch time would move with
+# the kernel's btime and make every live owner look dead).
 START_TIME_TOLERANCE_S = 0.05
 
 _owner: dict[int, tuple[int, float]] = {}
@@ -52,18 +54,22 @@ def current_owner() -> tuple[int, float]:
     pid, so a forked pool process names itself, not its parent."""
     pid = os.getpid()
     if pid not in _owner:
-        _owner[pid] = (pid, psutil.Process(pid).create_time())
+        _owner[pid] = (pid, process_started_at(pid))
     return _owner[pid]
+
+
+def process_started_at(pid: int) -> float:
+    """When pid started, in seconds after boot. Raises OSError once it is gone."""
+    return shim_process.process_create_time(pid)
 
 
 def owner_alive(pid: int, started_at: float | None) -> bool:
     """Whether the process that made a reservation still runs on this host."""
     try:
-        process = psutil.Process(pid)
-        if started_at is not None and abs(process.create_time() - started_at) > START_TIME_TOLERANCE_S:
+        if started_at is not None and abs(process_started_at(pid) - started_at) > START_TIME_TOLERANCE_S:
             return False  # the pid was reused by another process
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.NoSuchProcess):
         return False
 
 

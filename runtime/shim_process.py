@@ -89,28 +89,18 @@ def read_file(path):
         os.close(fd)
 
 
-_boot_time = None
-
-
-def boot_time():
-    """The kernel's boot time (btime), read once per process: the fork
-    server reads it before forking, so its shims never do."""
-    global _boot_time
-    if _boot_time is None:
-        for line in read_file("/proc/stat").splitlines():
-            if line.startswith(b"btime"):
-                _boot_time = float(line.split()[1])
-                break
-        else:
-            raise OSError("btime missing from /proc/stat")
-    return _boot_time
-
-
 def process_create_time(pid):
-    """Seconds since the epoch, computed exactly as psutil does."""
+    """When pid started, in seconds after boot (its start in clock ticks),
+    as psutil's ``create_time(monotonic=True)``. Not seconds since the
+    epoch: that adds the kernel's btime, which moves whenever the wall clock
+    is set or slewed, and a live process would then look like another one
+    that reused its pid."""
     stat = read_file(f"/proc/{pid}/stat")
     start_ticks = int(stat[stat.rfind(b")") + 2 :].split()[19])
-    return boot_time() + start_ticks / os.sysconf("SC_CLK_TCK")
+    return start_ticks / _CLOCK_TICKS
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # --- libc (unshare, prctl) ------------------------------------------------------

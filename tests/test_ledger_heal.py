@@ -119,7 +119,7 @@ def test_an_accepted_attempt_whose_process_died_before_claiming_is_delivered_aga
 def test_a_pid_reused_by_another_process_is_still_recognised_as_dead(host):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        started_at = psutil.Process(sleeper.pid).create_time()
+        started_at = ledger.process_started_at(sleeper.pid)
         assert ledger.reserve(host, "h-reused") and ledger.reserve(host, "h-same")
         # "h-reused" was made by an earlier process that had the same pid.
         Reservation.objects.filter(handle_id="h-reused").update(owner_pid=sleeper.pid,
@@ -144,7 +144,7 @@ def test_a_zombie_owner_is_dead(host):
     try:
         assert ledger.reserve(host, "h-zombie")
         Reservation.objects.filter(handle_id="h-zombie").update(
-            owner_pid=child.pid, owner_started_at=psutil.Process(child.pid).create_time())
+            owner_pid=child.pid, owner_started_at=ledger.process_started_at(child.pid))
 
         assert [row["handle_id"] for row in ledger.reclaim(host)] == ["h-zombie"]
         assert slots_reserved(host) == 0
@@ -158,6 +158,21 @@ def test_a_live_owner_keeps_its_reservation(host):
 
     assert ledger.reclaim(host) == []
     assert slots_reserved(host) == 1
+
+
+def test_setting_the_wall_clock_does_not_make_a_live_owner_look_dead(host, monkeypatch):
+    """An owner is named by its start in seconds after boot. In seconds since
+    the epoch it would move with the kernel's btime whenever the clock is set
+    or slewed past a second, and every live owner would look like a reused pid
+    (a CI run lost its own reservations so)."""
+    assert ledger.reserve(host, "h-mine")
+    pid, started_at = ledger.current_owner()
+    assert 0 < started_at <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    btime = psutil.boot_time()
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: btime + 1.0)  # the clock stepped a second on
+
+    assert ledger.owner_alive(pid, started_at)
+    assert ledger.reclaim(host) == []
 
 
 def test_a_reservation_kept_for_a_live_shim_is_adopted_or_reclaimed_once_nothing_wants_it(host, make_run):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from runtime import attach, forkserver, launcher, layout
+from runtime import attach, forkserver, launcher, layout, shim_process
 from tests.runtime.conftest import live_processes, make_plan, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,12 +88,12 @@ def test_shim_alive_defeats_pid_reuse(handle):
     launcher.prepare(handle, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1, plan=make_plan())
     directory = layout.task_dir(handle)
     # Our own (live) pid, with a create time that is not ours: a reused pid.
-    (directory / "shim.json").write_text(json.dumps({"pid": os.getpid(), "create_time": time.time() - 3600}))
+    started = shim_process.process_create_time(os.getpid())  # seconds after boot
+    (directory / "shim.json").write_text(json.dumps({"pid": os.getpid(), "create_time": started - 1.0}))
     assert not attach.shim_alive(handle)
-    import psutil
 
     (directory / "shim.json").write_text(
-        json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time()})
+        json.dumps({"pid": os.getpid(), "create_time": shim_process.process_create_time(os.getpid())})
     )
     assert attach.shim_alive(handle)
 
@@ -104,15 +104,15 @@ def test_shim_records_its_own_pid_and_start_time(run_shell, handle):
     def shim_running(info) -> bool:
         try:
             process = psutil.Process(info["pid"])
-            return abs(process.create_time() - info["create_time"]) <= 0.05 and process.status() != "zombie"
-        except psutil.NoSuchProcess:
+            return abs(shim_process.process_create_time(process.pid) - info["create_time"]) <= 0.05 and process.status() != "zombie"
+        except (OSError, psutil.NoSuchProcess):
             return False  # gone (a reused pid would show another create time)
 
     result = run_shell({"argv": ["true"]})
     info = json.loads((layout.task_dir(handle) / "shim.json").read_text())
     assert result["status"] == "success"
     assert info["pid"] > 1
-    assert abs(info["create_time"] - time.time()) < 60
+    assert abs(info["create_time"] - time.clock_gettime(time.CLOCK_BOOTTIME)) < 60  # seconds after boot
     # Its link said "done" once result.json was written; the shim exits right after.
     assert wait_until(lambda: not shim_running(info))
 
