@@ -81,11 +81,13 @@ def apply_edit(request: ApprovalRequest, run: Run, original: list[Step], edited:
     changed = [step for step, before in zip(edited, original) if step.params != before.params]
     for step in changed:
         Step.objects.filter(pk=step.pk).update(params=step.params)
+    # run.plan is what will run, whichever planner made it (the agent's
+    # original stays in submitted_plan, an llm planner's goal in goal).
     params = {step.step_id: step.params for step in edited}
     Run.objects.filter(pk=run.pk).update(plan={"steps": [
         {**entry, "params": params.get(entry.get("id"), entry.get("params"))}
         for entry in (run.plan or {}).get("steps", [])
-    ]} if run.planner == "static" else run.plan)
+    ]})
     bind_rated_plans_of(edited, decision.data)  # the edited plan as rated is what the digest binds
     edited_quorum = quorum_of(decision.data)
     raised = (RISK_ORDER[decision.risk] > RISK_ORDER.get(request.risk, 0)

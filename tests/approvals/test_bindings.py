@@ -10,6 +10,7 @@ from runs.pipeline import run_advance
 from runs.policy import policy_rule_save
 from runs.services import run_submit
 from tests.conftest import make_user, simple_plan, token_client, wait_for_run
+from tests.runs.test_llm_planner import plan_reply, serving_planner
 
 
 @pytest.fixture
@@ -113,6 +114,31 @@ def test_an_edit_that_raises_the_quorum_needs_another_approver_and_the_edited_pl
     assert body["plan"]["steps"][0]["params"]["argv"] == ["echo", "deploy", "prod"]
     assert body["submitted_plan"]["steps"][0]["params"]["argv"] == ["echo", "pip", "install", "all"]
     assert body["steps"][0]["rated_plan"]["profile"] == body["steps"][0]["effective_plan"]["profile"]
+
+
+@pytest.mark.django_db
+def test_an_edit_of_an_llm_planners_plan_is_what_the_api_says_will_run(
+        seeded_policy, echo_pip_install_is_high, tenant, agent, people, settings,
+        django_capture_on_commit_callbacks):
+    """run.plan is what will run whichever planner made it: an approver's
+    edit of the llm planner's plan shows in it; the goal stays what was sent."""
+    planned = {"steps": [{"id": "s0", "tool": "shell", "params": {"argv": ["echo", "pip", "install", "all"]}}]}
+    with serving_planner(settings) as planner, django_capture_on_commit_callbacks(execute=False):
+        planner.script(plan_reply(planned))
+        run = run_submit(tenant=tenant, user=agent, planner="llm", goal="install the packages").run
+        run_advance(run.pk)
+    approval = ApprovalRequest.objects.get(run=run, status="pending")
+    assert Run.objects.get(pk=run.pk).plan["steps"][0]["params"]["argv"] == ["echo", "pip", "install", "all"]
+
+    with django_capture_on_commit_callbacks(execute=False):
+        edited = approve(people[0], approval.pk, approval.action_digest,
+                         edits={"s0": {"argv": ["echo", "pip", "install", "one"]}})
+    assert (edited.status_code, edited.json()["status"]) == (200, "approved"), edited.content
+
+    body = token_client(agent).get(f"/api/v1/runs/{run.pk}").json()
+    assert body["plan"]["steps"][0]["params"] == {"argv": ["echo", "pip", "install", "one"]}
+    assert (body["planner"], body["goal"], body["submitted_plan"]) == ("llm", "install the packages", {})
+    assert Run.objects.get(pk=run.pk).steps.get().params == {"argv": ["echo", "pip", "install", "one"]}
 
 
 @pytest.mark.django_db

@@ -4,6 +4,7 @@ The endpoint is a ThreadingHTTPServer answering from a script of replies
 and recording every request it received; nothing in the planner is mocked.
 """
 
+import contextlib
 import json
 import socket
 import threading
@@ -109,8 +110,9 @@ class ChatCompletionsHandler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def llm(settings):
+@contextlib.contextmanager
+def serving_planner(settings):
+    """A chat-completions endpoint on loopback, configured as the llm planner."""
     server = ChatCompletionsServer()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -120,11 +122,19 @@ def llm(settings):
     settings.EXECGO_LLM_TIMEOUT_S = TIMEOUT_S
     settings.EXECGO_LLM_RETRIES = 2
     settings.EXECGO_LLM_BACKOFF_S = 0.01
-    yield server
-    server.closing.set()
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    try:
+        yield server
+    finally:
+        server.closing.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def llm(settings):
+    with serving_planner(settings) as server:
+        yield server
 
 
 @pytest.fixture
