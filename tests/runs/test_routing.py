@@ -31,7 +31,7 @@ from runs.dataplane import (
 )
 from runs.execution import step_execute
 from runs.models import Run, Step
-from runtime import forkserver, layout
+from runtime import forkserver, layout, ledger
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError
 from runtime.models import HostCapacity, Reservation
@@ -240,6 +240,35 @@ def test_a_host_that_would_run_a_step_weaker_than_it_was_rated_refuses_it(make_r
     assert error["details"]["needs"] == ["bubblewrap"]
     assert not layout.task_dir(handle).exists()
     assert Run.objects.get(pk=run.pk).state == "CLOSED_FAILED"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_host_that_would_run_a_step_weaker_hands_it_to_a_host_that_can_honour_its_rated_plan(make_run):
+    """The same delivery while a host that has bubblewrap was seen lately:
+    nothing runs here; the attempt goes, still accepted, to the queue of the
+    hosts that can run it as rated."""
+    from tests.test_ledger_heal import queued
+
+    run = make_run("EXECUTING", timeout_s=120)
+    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"script": "touch ran"},
+                               timeout_s=10)
+    rated = rated_part(resolve_plan({}, mode=None, uid_key=step.pk))
+    handle = new_handle_id(step, 1)
+    Step.objects.filter(pk=step.pk).update(run_status="accepted", attempt=1, handle_id=handle, rated_plan=rated)
+    ledger.host_register(BOXED, task_slots=2, memory_bytes=2**30, pids=64, capabilities=capability_manifest())
+    purge_broker()
+    try:
+        with override_settings(EXECGO_BWRAP_PATH=NO_BWRAP, EXECGO_HOST_NAME="bare-host"):
+            assert capability_manifest(refresh=True)["bubblewrap"]["available"] is False
+            assert step_execute(step.pk, 1) is None
+    finally:
+        capability_manifest(refresh=True)
+
+    step.refresh_from_db()
+    assert (step.status, step.run_status, step.attempt, step.host, step.result) == ("pending", "accepted", 1, "", None)
+    assert not layout.task_dir(handle).exists()  # nothing prepared on the host that would run it weaker
+    assert [(m["task"], m["args"]) for m in queued(SANDBOX_QUEUE)] == [("runs.tasks.execute_step", [step.pk, 1])]
+    assert Run.objects.get(pk=run.pk).state == "EXECUTING"
 
 
 def test_what_counts_as_weaker_than_the_rated_plan():
