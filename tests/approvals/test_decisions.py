@@ -157,6 +157,12 @@ def test_a_high_risk_run_opens_exactly_one_request_bound_to_its_action(awaiting)
          "reasons": [DEFAULT_BASELINE, INSTALL_REASON]},
     ]
     assert request.steps[1]["shown"]["argv"] == ["pip", "install", "requests"]
+    # The plan a step was rated on is part of what the digest binds: any change of it is another action.
+    assert steps[1].rated_plan["profile"] in ("linux_sandbox", "process")
+    for weaker in ({"network": "internet"}, {"profile": "process", "namespaces": False}, {"uid": None},
+                   {"limits": {**steps[1].rated_plan.get("limits", {}), "processes": None}}):
+        steps[1].rated_plan = {**request.steps[1]["action"]["rated_plan"], **weaker}
+        assert action_digest(steps, request.policy_version) != request.action_digest, weaker
     # The action as an approver reads it: the exact argv of each shell step.
     assert [(row["action"]["id"], row["action"]["tool"], row["action"]["argv"], row["action"]["depends_on"])
             for row in request.steps] == [("prep", "shell", ["echo", "ready"], []),
