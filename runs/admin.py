@@ -298,7 +298,7 @@ class JobAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin):
         return False  # a job comes into being with its first run (runs.services.run_submit)
 
     def has_delete_permission(self, request, obj=None) -> bool:
-        return False  # runs, traces and audit rows are kept (SPEC §8, GC)
+        return False  # runs, traces and audit rows are kept (docs/data-plane.md#retention)
 
     def save_model(self, request, obj, form, change):
         # A plain save() writes every column from the copy loaded when the

@@ -1,9 +1,10 @@
 """Closing a run: from a transient state through TRACING to its final state.
 
-Every ending passes here (SPEC §2): the settle that sees a run's last step
-finish, the stages that fail, the sweeper, a decision on an approval and a
-cancel of a run waiting for one. Closing fences the steps still pending or
-in flight, so a late result finds its fence gone and is audited, not applied.
+Every ending passes here (docs/stages.md#tracing-and-closing): the settle
+that sees a run's last step finish, the stages that fail, the sweeper, a
+decision on an approval and a cancel of a run waiting for one. Closing fences
+the steps still pending or in flight, so a late result finds its fence gone
+and is audited, not applied.
 """
 
 from django.db import transaction

@@ -1,4 +1,5 @@
-"""The one error envelope (SPEC §4), used by step results, traces and the API."""
+"""The one error envelope (docs/data-plane.md#error-envelope), used by step
+results, traces and the API."""
 
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""EXECUTING: the plan as a DAG of steps on the workers (SPEC §4).
+"""EXECUTING: the plan as a DAG of steps on the workers (docs/stages.md#executing).
 
 Lifecycle of a step (two layers)::
 

@@ -1,5 +1,6 @@
-"""Long-term memory (SPEC §7): recalled in PREPARING (same tenant, same
-agent), written only in the TRACING of a run that ends SUCCEEDED."""
+"""Long-term memory (docs/stages.md#memory-write-back): recalled in
+PREPARING (same tenant, same agent), written only in the TRACING of a run
+that ends SUCCEEDED."""
 
 from django.conf import settings
 from django.db.models import F

@@ -1,5 +1,6 @@
-"""The Event outbox (SPEC §4): rows written in the transaction of the change
-they describe, read by every consumer from a cursor (the row id)."""
+"""The Event outbox (docs/live-relay.md#outbox): rows written in the
+transaction of the change they describe, read by every consumer from a
+cursor (the row id)."""
 
 from django.utils import timezone
 

@@ -24,7 +24,8 @@ Which failure takes which edge:
   answer;
 - a reply that is JSON but not a valid plan: FAILED (``invalid_input``);
 - a call that exceeds ``EXECGO_LLM_TIMEOUT_S``: TIMEOUT at once, not
-  retried (SPEC §2.1, "planner call exceeded the step timeout"). Not
+  retried (the PLANNING → TIMEOUT edge of
+  docs/state-machine.md#legal-transitions). Not
   retrying keeps planning within (retries + 1) × timeout plus the
   backoffs, 91.5 s with the defaults, which must stay under the PLANNING
   zombie threshold (180 s) or the sweeper times the run out first. The

@@ -1,4 +1,5 @@
-"""The reconciliation invariants of SPEC §2.2, checked against the rows.
+"""The reconciliation invariants, checked against the rows
+(docs/state-machine.md#reconciliation-invariants).
 
 - count(SUCCEEDED runs) == count(AuditLog ``run_succeeded``);
 - every final run has exactly one final AuditLog event, the one matching

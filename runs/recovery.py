@@ -1,5 +1,6 @@
 """Worker start on a host: announce capabilities, rebuild the ledger, and
-pick up what a dead worker left behind (SPEC §8).
+pick up what a dead worker left behind
+(docs/data-plane.md#recovery-after-a-worker-restart).
 
 - a step marked running on this host is re-attached: its shim is waited
   for (or its result read); a shim that is gone without a result fails the

@@ -1,6 +1,6 @@
-"""Retention GC (SPEC §8): workspaces and logs of final runs are purged
-after the retention period; Run, Step, Trace and AuditLog rows stay, and
-the purge itself is audited."""
+"""Retention GC (docs/data-plane.md#retention): workspaces and logs of final
+runs are purged after the retention period; Run, Step, Trace and AuditLog
+rows stay, and the purge itself is audited."""
 
 from datetime import timedelta
 

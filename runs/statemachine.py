@@ -1,4 +1,4 @@
-"""The RunState machine as data (SPEC §2).
+"""The RunState machine as data (docs/state-machine.md).
 
 This module is the single source of the transition table: the django-fsm
 ``@transition`` declarations on ``Run`` read it, the transition service
@@ -129,7 +129,8 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(S.TRACING, S.CLOSED_REJECTED, "tracer", "closing cause rejected / approval timeout"),
     Edge(S.TRACING, S.CLOSED_FAILED, "tracer", "closing cause failed / planning or run timeout"),
     Edge(S.TRACING, S.CLOSED_CANCELLED, "tracer", "closing cause cancelled"),
-    # Sweeper-only (SPEC §6): legal only with forced_by="zombie_sweeper".
+    # Sweeper-only, legal only with forced_by="zombie_sweeper"
+    # (docs/state-machine.md#sweeper-only-transitions).
     Edge(S.CREATED, S.FAILED, "zombie sweeper", "stuck in CREATED", sweeper_only=True),
     Edge(S.POLICY_CHECK, S.FAILED, "zombie sweeper", "stuck in POLICY_CHECK", sweeper_only=True),
     Edge(S.TRACING, S.FAILED, "zombie sweeper", "trace write failed", sweeper_only=True),
@@ -163,7 +164,8 @@ def is_legal(source: str, target: str, *, closing_cause: str | None = None, forc
 
 
 def job_status_for(state: str) -> str:
-    """The legacy Job.status projection of a run state (SPEC §3)."""
+    """The legacy Job.status projection of a run state
+    (docs/state-machine.md#job-status-projection)."""
     if state in {S.CREATED, S.PREPARING, S.PLANNING, S.POLICY_CHECK}:
         return "pending"
     if state == S.SUCCEEDED:

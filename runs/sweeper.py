@@ -1,4 +1,4 @@
-"""The zombie sweeper (SPEC §6): the fallback for runs nobody drives.
+"""The zombie sweeper (docs/sweeper.md): the fallback for runs nobody drives.
 
 A run that waits on a worker (CREATED, PREPARING, PLANNING, POLICY_CHECK,
 TRACING and the transient states) past its state's threshold most likely

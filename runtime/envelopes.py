@@ -1,4 +1,5 @@
-"""The two envelopes of SPEC §4: the step result and the error.
+"""The two envelopes, the step result and the error
+(docs/data-plane.md#envelopes).
 
 Every step result, whatever the tool, is a ``step_result`` dict; every error
 anywhere (executor, API, policy) is an ``error_envelope`` dict. Code that

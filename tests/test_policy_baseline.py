@@ -1,7 +1,7 @@
-"""A shell step's risk starts from its effective execution plan (SPEC §5):
-the capability baseline, from hand-built plans and through the real
-resolver, and how it shows in the decision trace, the dry-run API and the
-run page."""
+"""A shell step's risk starts from its effective execution plan
+(docs/policy.md#capability-baseline): the capability baseline, from
+hand-built plans and through the real resolver, and how it shows in the
+decision trace, the dry-run API and the run page."""
 
 import pytest
 from django.test import Client

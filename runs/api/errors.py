@@ -1,5 +1,6 @@
-"""Every API error is the SPEC §4 envelope: {"error": {code, message,
-retryable, source, details}}. No response carries a stack trace.
+"""Every API error is the error envelope (docs/data-plane.md#error-envelope):
+{"error": {code, message, retryable, source, details}}. No response carries
+a stack trace.
 
 DRF's exceptions go through ``exception_handler``; what Django answers by
 itself under ``/api/`` (an unrouted path, a body Django refused to read, a

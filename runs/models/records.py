@@ -91,7 +91,8 @@ class AuditEvent(models.TextChoices):
     TOKEN_REVOKED = "token_revoked"  # an API token was revoked or deleted
 
 
-# The one audit event of a run's final transition (SPEC §2.2: reconciliation).
+# The one audit event of a run's final transition
+# (docs/state-machine.md#reconciliation-invariants).
 FINAL_AUDIT_EVENT: dict[str, AuditEvent] = {
     S.SUCCEEDED: AuditEvent.RUN_SUCCEEDED,
     S.CLOSED_REJECTED: AuditEvent.RUN_REJECTED,

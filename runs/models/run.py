@@ -56,7 +56,8 @@ class JobStatus(models.TextChoices):
 
 class Job(models.Model):
     """The legacy unit of work. ``status`` is a read-only projection of its
-    latest run's state (SPEC §3); the kernel never reads it to decide."""
+    latest run's state (docs/state-machine.md#job-status-projection); the
+    kernel never reads it to decide."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
     title = models.CharField(max_length=200, blank=True)
@@ -173,7 +174,7 @@ class Run(ConcurrentTransitionMixin, models.Model):
 
     @property
     def deadline(self) -> datetime | None:
-        """When EXECUTING runs out of time (SPEC §6: the run's total time)."""
+        """When EXECUTING runs out of time: the run's total time (docs/stages.md#executing)."""
         if self.executing_started_at is None:
             return None
         return self.executing_started_at + timedelta(seconds=self.timeout_s)

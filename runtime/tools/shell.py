@@ -207,7 +207,7 @@ def _error_for(outcome: dict[str, Any], request: dict[str, Any]) -> dict[str, An
 
 
 def result_envelope(outcome: dict[str, Any], request: dict[str, Any], task_dir: Path) -> dict[str, Any]:
-    """Turn the shim's facts (result.json) into the SPEC §4 step result."""
+    """Turn the shim's facts (result.json) into the step result (docs/data-plane.md#step-result)."""
     tail = settings.EXECGO_OUTPUT_TAIL_BYTES
     error = _error_for(outcome, request)
     status = "success" if error is None else ("cancelled" if error["code"] == "cancelled" else "failed")

@@ -1,6 +1,7 @@
-"""The API's error contract: every answer under /api/ is the SPEC §4
-envelope with the right status, strings no database can store are a 400
-(never a retryable 500), and bodies are bounded before they are decoded."""
+"""The API's error contract: every answer under /api/ is the error envelope
+(docs/data-plane.md#error-envelope) with the right status, strings no
+database can store are a 400 (never a retryable 500), and bodies are
+bounded before they are decoded."""
 
 import json
 

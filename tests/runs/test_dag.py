@@ -1,5 +1,5 @@
 """EXECUTING as a DAG on real worker processes: parallel branches, skips,
-retries with attempts and events (SPEC §4)."""
+retries with attempts and events (docs/stages.md#executing)."""
 
 
 import pytest

@@ -1,6 +1,7 @@
-"""SPEC §2.3 end to end on a real worker: every cause of failure reaches
-its transient state, its final state, its key trace and its audit event.
-Also the approval path that resumes execution."""
+"""docs/state-machine.md#what-each-failure-becomes end to end on a real
+worker: every cause of failure reaches its transient state, its final state,
+its key trace and its audit event. Also the approval path that resumes
+execution."""
 
 import json
 import threading

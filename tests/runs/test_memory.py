@@ -1,5 +1,6 @@
 """Memory write-back only on SUCCEEDED; recall of the same tenant and agent
-only, within the context budget (SPEC §7, PREPARING)."""
+only, within the context budget (docs/stages.md#memory-write-back,
+docs/stages.md#preparing)."""
 
 import pytest
 from django.core.management import call_command

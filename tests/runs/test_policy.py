@@ -1,5 +1,5 @@
 """POLICY_CHECK: every tool call rated against the policy rules and the run
-budgets; the PolicyDecisionTrace; the seeded default policy (SPEC §5)."""
+budgets; the PolicyDecisionTrace; the seeded default policy (docs/policy.md)."""
 
 import pytest
 from django.apps import apps

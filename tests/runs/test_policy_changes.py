@@ -1,5 +1,6 @@
 """Policy changes: the service and the admin bump the policy version, and
-the gate's decision drives the pipeline (SPEC §5, §2.3)."""
+the gate's decision drives the pipeline (docs/policy.md,
+docs/state-machine.md#what-each-failure-becomes)."""
 
 import pytest
 from django.core.exceptions import ValidationError

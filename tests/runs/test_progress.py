@@ -1,5 +1,5 @@
 """A shell step reports progress with lines `::progress <0-100> <message>`
-on stdout; each becomes a task_progressed event (SPEC §4)."""
+on stdout; each becomes a task_progressed event (docs/data-plane.md#events)."""
 
 import pytest
 

@@ -1,6 +1,7 @@
-"""Final-state uniqueness under real concurrency (SPEC §2.2): two writers on
-two database connections race for the same run; exactly one wins, the
-loser's attempt is still in the AuditLog, and the reconciliation holds.
+"""Final-state uniqueness under real concurrency (docs/state-machine.md#rules):
+two writers on two database connections race for the same run; exactly one
+wins, the loser's attempt is still in the AuditLog, and the reconciliation
+holds.
 
 Only meaningful on PostgreSQL: SQLite serialises writers."""
 

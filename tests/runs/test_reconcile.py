@@ -1,5 +1,6 @@
-"""execgo_reconcile: silent and exit 0 when the SPEC §2.2 invariants hold,
-exit 1 with one line per violation when they do not."""
+"""execgo_reconcile: silent and exit 0 when the invariants of
+docs/state-machine.md#reconciliation-invariants hold, exit 1 with one line
+per violation when they do not."""
 
 import subprocess
 import sys

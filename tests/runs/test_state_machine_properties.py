@@ -1,6 +1,6 @@
 """Random sequences of everything that can happen to a few runs, checked
-after every step against a model of SPEC §2, §3 and §6 and against the
-reconciliation invariants."""
+after every step against a model of docs/state-machine.md and
+docs/sweeper.md and against the reconciliation invariants."""
 
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,8 +35,8 @@ STATES = (
 TRANSIENT = ("REJECTED", "FAILED", "TIMEOUT", "CANCELLED")
 FINAL = ("SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED")
 
-# SPEC §2.1 (without the sweeper-only rows).
-SPEC_EDGES = {
+# docs/state-machine.md#legal-transitions (without the sweeper-only rows).
+EXPECTED_EDGES = {
     "CREATED": {"PREPARING"},
     "PREPARING": {"PLANNING", "FAILED"},
     "PLANNING": {"POLICY_CHECK", "FAILED", "TIMEOUT"},
@@ -56,12 +56,13 @@ FINAL_FOR_CAUSE = {
     "failed": "CLOSED_FAILED", "planning_timeout": "CLOSED_FAILED", "run_timeout": "CLOSED_FAILED",
     "cancelled": "CLOSED_CANCELLED",
 }
-# SPEC §6: the edge the sweeper forces out of each non-transient state.
+# The edge the sweeper forces out of each non-transient state
+# (docs/sweeper.md#thresholds-and-forced-paths).
 SWEEPER_EDGE = {
     "CREATED": "FAILED", "PREPARING": "FAILED", "PLANNING": "TIMEOUT", "POLICY_CHECK": "FAILED",
     "AWAITING_HITL": "TIMEOUT", "EXECUTING": "TIMEOUT", "TRACING": "FAILED",
 }
-# SPEC §3.
+# docs/state-machine.md#job-status-projection.
 JOB_STATUS = {
     **dict.fromkeys(("CREATED", "PREPARING", "PLANNING", "POLICY_CHECK"), "pending"),
     **dict.fromkeys(("AWAITING_HITL", "EXECUTING", "TRACING", *TRANSIENT), "running"),
@@ -90,7 +91,7 @@ class Expected:
     def legal_targets(self) -> set[str]:
         if self.state == "TRACING":
             return {FINAL_FOR_CAUSE[self.cause]}
-        return SPEC_EDGES.get(self.state, set())
+        return EXPECTED_EDGES.get(self.state, set())
 
     def move(self, target: str) -> None:
         assert target in self.legal_targets() or (self.state, target) in {

@@ -1,5 +1,6 @@
-"""The zombie sweeper against SPEC §6: every stuck state is forced along its
-listed path to a final state, and a run under its threshold is left alone."""
+"""The zombie sweeper against docs/sweeper.md#thresholds-and-forced-paths:
+every stuck state is forced along its listed path to a final state, and a
+run under its threshold is left alone."""
 
 import os
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from runs.transitions import run_transition
 
 transactional = pytest.mark.django_db(transaction=True)
 
-# SPEC §3, so the runs the factory places are consistent with their jobs.
+# docs/state-machine.md#job-status-projection, so the runs the factory
+# places are consistent with their jobs.
 JOB_STATUS = {
     "CREATED": "pending", "PREPARING": "pending", "PLANNING": "pending", "POLICY_CHECK": "pending",
     "AWAITING_HITL": "running", "EXECUTING": "running", "TRACING": "running",
@@ -37,8 +39,8 @@ RUN_TIMEOUT_S = 600
 
 @dataclass(frozen=True)
 class Row:
-    """One row of SPEC §6's table (transient states split by what decides
-    their final state)."""
+    """One row of docs/sweeper.md#thresholds-and-forced-paths (transient
+    states split by what decides their final state)."""
 
     state: str
     path: tuple[str, ...]  # states the sweeper takes the run through
@@ -53,7 +55,7 @@ class Row:
         return f"{self.state}{'<-' + self.previous_state if self.previous_state else ''}"
 
 
-SPEC_ROWS = [
+EXPECTED_ROWS = [
     Row("CREATED", ("FAILED", "TRACING", "CLOSED_FAILED")),
     Row("PREPARING", ("FAILED", "TRACING", "CLOSED_FAILED"), previous_state="CREATED"),
     Row("PLANNING", ("TIMEOUT", "TRACING", "CLOSED_FAILED"), previous_state="PREPARING"),
@@ -120,14 +122,16 @@ def assert_recovered(run: Run, row: Row) -> None:
         ZOMBIE_SWEEPER, row.state, row.final,
     )
     if row.state not in ("REJECTED", "FAILED", "TIMEOUT", "CANCELLED"):
-        # The edge out of the stuck state says who forced it (SPEC §6: the
-        # AuditLog tells the sweeper from the executor's own timer).
+        # The edge out of the stuck state says who forced it (the AuditLog
+        # tells the sweeper from the run's own timer:
+        # docs/sweeper.md#other-fallbacks).
         forced = audit[1]
         assert (forced.event, forced.from_state, forced.to_state, forced.forced_by) == (
             "state_changed", row.state, row.path[0], ZOMBIE_SWEEPER,
         )
-        # SPEC §2.3's key trace: an expired approval is a HITLDecisionTrace
-        # (timeout, default reject); anything else stuck is a RunTrace.
+        # The key trace (docs/state-machine.md#what-each-failure-becomes): an
+        # expired approval is a HITLDecisionTrace (timeout, default reject);
+        # anything else stuck is a RunTrace.
         kind = "hitl_decision" if row.state == "AWAITING_HITL" else "run"
         key_trace = Trace.objects.get(run=run, kind=kind, from_state=row.state, to_state=row.path[0])
         assert key_trace.data["layer"] == "sweeper"
@@ -138,7 +142,7 @@ def assert_recovered(run: Run, row: Row) -> None:
 
 
 @transactional
-@pytest.mark.parametrize("row", SPEC_ROWS, ids=str)
+@pytest.mark.parametrize("row", EXPECTED_ROWS, ids=str)
 def test_stuck_run_is_forced_to_its_final_state(make_run, row):
     stuck = place(make_run, row, age_s=threshold_s(row.state) + 5)
     fresh = place(make_run, row, age_s=threshold_s(row.state) - 10)
@@ -155,43 +159,44 @@ def test_stuck_run_is_forced_to_its_final_state(make_run, row):
 
 @transactional
 def test_one_sweep_recovers_every_stuck_run_and_only_those(make_run):
-    stuck = [place(make_run, row, age_s=threshold_s(row.state) + 5) for row in SPEC_ROWS]
-    fresh = [place(make_run, row, age_s=threshold_s(row.state) - 10) for row in SPEC_ROWS]
+    stuck = [place(make_run, row, age_s=threshold_s(row.state) + 5) for row in EXPECTED_ROWS]
+    fresh = [place(make_run, row, age_s=threshold_s(row.state) - 10) for row in EXPECTED_ROWS]
 
     assert sweep_zombies() == sorted(run.pk for run in stuck)
 
-    for run, row in zip(stuck, SPEC_ROWS):
+    for run, row in zip(stuck, EXPECTED_ROWS):
         assert_recovered(run, row)
-    assert [Run.objects.get(pk=run.pk).state for run in fresh] == [row.state for row in SPEC_ROWS]
+    assert [Run.objects.get(pk=run.pk).state for run in fresh] == [row.state for row in EXPECTED_ROWS]
     assert find_violations() == []
     # Final runs are never swept again.
     assert sweep_zombies() == []
-    assert AuditLog.objects.filter(event="zombie_detected").count() == len(SPEC_ROWS)
+    assert AuditLog.objects.filter(event="zombie_detected").count() == len(EXPECTED_ROWS)
 
 
 def test_a_sweep_over_its_inline_maximum_hands_each_run_to_the_workers(make_run, settings,
                                                                         django_capture_on_commit_callbacks):
     settings.CELERY_TASK_ALWAYS_EAGER = True  # the handed-over tasks run here, at commit
-    stuck = [place(make_run, row, age_s=threshold_s(row.state) + 5) for row in SPEC_ROWS]
-    fresh = place(make_run, SPEC_ROWS[0], age_s=threshold_s(SPEC_ROWS[0].state) - 10)
+    stuck = [place(make_run, row, age_s=threshold_s(row.state) + 5) for row in EXPECTED_ROWS]
+    fresh = place(make_run, EXPECTED_ROWS[0], age_s=threshold_s(EXPECTED_ROWS[0].state) - 10)
 
     with django_capture_on_commit_callbacks(execute=False) as sent:
         handed = sweep_zombies(inline_max=2)
     assert handed == sorted(run.pk for run in stuck)
     assert len(sent) == len(stuck)  # one task a run, sent at commit...
-    assert [Run.objects.get(pk=run.pk).state for run in stuck] == [row.state for row in SPEC_ROWS]  # ...not closed yet
+    assert [Run.objects.get(pk=run.pk).state for run in stuck] == [
+        row.state for row in EXPECTED_ROWS]  # ...not closed yet
     for callback in sent:
         callback()
-    for run, row in zip(stuck, SPEC_ROWS):
+    for run, row in zip(stuck, EXPECTED_ROWS):
         assert_recovered(run, row)
-    assert Run.objects.get(pk=fresh.pk).state == SPEC_ROWS[0].state
-    assert AuditLog.objects.filter(event="zombie_detected").count() == len(SPEC_ROWS)
+    assert Run.objects.get(pk=fresh.pk).state == EXPECTED_ROWS[0].state
+    assert AuditLog.objects.filter(event="zombie_detected").count() == len(EXPECTED_ROWS)
 
 
 def test_a_handed_over_run_that_moved_meanwhile_is_left_alone(make_run):
     from runs.sweeper import sweep_one
 
-    row = SPEC_ROWS[0]
+    row = EXPECTED_ROWS[0]
     fresh = place(make_run, row, age_s=threshold_s(row.state) - 10)
     assert sweep_one(fresh.pk) is False
     assert Run.objects.get(pk=fresh.pk).state == row.state
@@ -248,7 +253,7 @@ def test_a_stuck_run_is_sent_its_work_again_then_failed_once_its_resends_are_spe
     """A run whose message was lost is driven again, never failed for it,
     until its re-sends are spent; its failure then says so."""
     settings.EXECGO_SWEEP_RESENDS = 2
-    row = SPEC_ROWS[0]
+    row = EXPECTED_ROWS[0]
     run = place(make_run, row, age_s=threshold_s(row.state) + 5, resends=0)
     for sent in (1, 2):
         with django_capture_on_commit_callbacks(execute=False):  # the broker never takes it

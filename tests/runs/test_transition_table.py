@@ -1,8 +1,12 @@
-"""Every (from, to) pair of the 15 run states against SPEC §2.1.
+"""Every (from, to) pair of the 15 run states against
+docs/state-machine.md#legal-transitions.
 
-The expected table below is a literal copy of the SPEC, written out by hand
-on purpose: the tests fail if ``runs.statemachine`` drifts from it, not only
-if the transition service disagrees with the module it reads.
+The expected tables below are a hand-written copy of the tables of
+docs/state-machine.md (legal transitions, sweeper-only transitions, closing
+cause, Job status projection), written out on purpose rather than read from
+the module: the tests fail if ``runs.statemachine`` drifts from the
+documented tables, not only if the transition service disagrees with the
+module it reads.
 """
 
 import itertools
@@ -33,8 +37,8 @@ transactional = pytest.mark.django_db(transaction=True)
 STATES = [state.value for state in RunState]
 
 
-# SPEC §2.1, the whitelist (without the sweeper-only rows).
-SPEC_EDGES = frozenset({
+# docs/state-machine.md#legal-transitions (without the sweeper-only rows).
+EXPECTED_EDGES = frozenset({
     ("CREATED", "PREPARING"),
     ("PREPARING", "PLANNING"),
     ("PREPARING", "FAILED"),
@@ -62,11 +66,11 @@ SPEC_EDGES = frozenset({
     ("TRACING", "CLOSED_CANCELLED"),
 })
 
-# SPEC §2.1, "legal only with forced_by=zombie_sweeper".
-SPEC_SWEEPER_ONLY = frozenset({("CREATED", "FAILED"), ("POLICY_CHECK", "FAILED"), ("TRACING", "FAILED")})
+# docs/state-machine.md#sweeper-only-transitions: legal only with forced_by="zombie_sweeper".
+EXPECTED_SWEEPER_ONLY = frozenset({("CREATED", "FAILED"), ("POLICY_CHECK", "FAILED"), ("TRACING", "FAILED")})
 
-# SPEC §3.
-SPEC_JOB_STATUS = {
+# docs/state-machine.md#job-status-projection.
+EXPECTED_JOB_STATUS = {
     "CREATED": "pending", "PREPARING": "pending", "PLANNING": "pending", "POLICY_CHECK": "pending",
     "AWAITING_HITL": "running", "EXECUTING": "running", "TRACING": "running",
     "REJECTED": "running", "FAILED": "running", "TIMEOUT": "running", "CANCELLED": "running",
@@ -74,8 +78,8 @@ SPEC_JOB_STATUS = {
     "CLOSED_REJECTED": "failed", "CLOSED_FAILED": "failed", "CLOSED_CANCELLED": "failed",
 }
 
-# SPEC §2.1's tracer rows and §2.3, in the closing-cause vocabulary of the code.
-SPEC_FINAL_FOR_CAUSE = {
+# docs/state-machine.md#closing-cause, in the closing-cause vocabulary of the code.
+EXPECTED_FINAL_FOR_CAUSE = {
     "succeeded": "SUCCEEDED",
     "rejected": "CLOSED_REJECTED",
     "approval_timeout": "CLOSED_REJECTED",
@@ -126,27 +130,27 @@ def counts(run: Run) -> tuple[int, int, int]:
 def test_module_table_is_the_spec_table():
     declared = {(edge.source.value, edge.target.value): edge.sweeper_only for edge in TRANSITIONS}
     assert len(declared) == len(TRANSITIONS), "an edge is declared twice"
-    assert {pair for pair, sweeper in declared.items() if not sweeper} == SPEC_EDGES
-    assert {pair for pair, sweeper in declared.items() if sweeper} == SPEC_SWEEPER_ONLY
-    assert {cause: state.value for cause, state in FINAL_STATE_FOR_CAUSE.items()} == SPEC_FINAL_FOR_CAUSE
-    assert {state: job_status_for(state) for state in STATES} == SPEC_JOB_STATUS
+    assert {pair for pair, sweeper in declared.items() if not sweeper} == EXPECTED_EDGES
+    assert {pair for pair, sweeper in declared.items() if sweeper} == EXPECTED_SWEEPER_ONLY
+    assert {cause: state.value for cause, state in FINAL_STATE_FOR_CAUSE.items()} == EXPECTED_FINAL_FOR_CAUSE
+    assert {state: job_status_for(state) for state in STATES} == EXPECTED_JOB_STATUS
 
 
 def test_is_legal_agrees_with_the_spec_for_every_pair():
     for source, target in itertools.product(STATES, STATES):
         cause = cause_closing_into(target) if source == "TRACING" and target in FINAL_AUDIT_EVENT else None
-        expected = (source, target) in SPEC_EDGES
+        expected = (source, target) in EXPECTED_EDGES
         assert is_legal(source, target, closing_cause=cause) is expected, (source, target)
-        forced = (source, target) in SPEC_EDGES | SPEC_SWEEPER_ONLY
+        forced = (source, target) in EXPECTED_EDGES | EXPECTED_SWEEPER_ONLY
         assert is_legal(source, target, closing_cause=cause, forced_by=ZOMBIE_SWEEPER) is forced, (source, target)
 
 
 def check_pair(make_run, source: str, target: str) -> None:
     run = place_run(make_run, source, target)
-    legal = (source, target) in SPEC_EDGES
-    assert is_legal(source, target, closing_cause=run.closing_cause) is legal, "module table drifted from SPEC"
+    legal = (source, target) in EXPECTED_EDGES
+    assert is_legal(source, target, closing_cause=run.closing_cause) is legal, "module table drifted from the docs"
     # A projection that is already right proves nothing: start from a wrong one.
-    Job.objects.filter(pk=run.job_id).update(status="done" if SPEC_JOB_STATUS[target] != "done" else "failed")
+    Job.objects.filter(pk=run.job_id).update(status="done" if EXPECTED_JOB_STATUS[target] != "done" else "failed")
     job_before = Job.objects.get(pk=run.job_id)
     before = counts(run)
 
@@ -184,7 +188,7 @@ def check_pair(make_run, source: str, target: str) -> None:
     assert (audit.from_state, audit.to_state, audit.caller, audit.forced_by) == (source, target, "test", "")
 
     job = Job.objects.get(pk=run.job_id)
-    assert job.status == SPEC_JOB_STATUS[target]
+    assert job.status == EXPECTED_JOB_STATUS[target]
     assert job.run_state_snapshot["state"] == target
     assert job.run_state_snapshot["run_id"] == run.pk
 
@@ -214,7 +218,7 @@ def test_every_target_from(make_run, source):
 
 
 @transactional
-@pytest.mark.parametrize("source, target", sorted(SPEC_SWEEPER_ONLY))
+@pytest.mark.parametrize("source, target", sorted(EXPECTED_SWEEPER_ONLY))
 def test_sweeper_only_edges_need_the_sweeper(make_run, source, target):
     for forced_by in ("", "operator"):
         run = place_run(make_run, source, target)
@@ -244,7 +248,7 @@ def test_the_sweeper_cannot_force_any_other_edge(make_run):
     """forced_by opens exactly the three sweeper-only edges, nothing else."""
     for source in STATES:
         for target in STATES:
-            if (source, target) in SPEC_EDGES | SPEC_SWEEPER_ONLY:
+            if (source, target) in EXPECTED_EDGES | EXPECTED_SWEEPER_ONLY:
                 continue
             run = place_run(make_run, source, target)
             with pytest.raises(InvalidTransitionError):
@@ -256,7 +260,8 @@ def test_the_sweeper_cannot_force_any_other_edge(make_run):
 @transactional
 @pytest.mark.parametrize("target", sorted(FINAL_AUDIT_EVENT))
 def test_tracing_cannot_close_into_another_cause_s_final_state(make_run, target):
-    wrong_causes = [cause for cause in [*SPEC_FINAL_FOR_CAUSE, ""] if SPEC_FINAL_FOR_CAUSE.get(cause) != target]
+    wrong_causes = [cause for cause in [*EXPECTED_FINAL_FOR_CAUSE, ""]
+                    if EXPECTED_FINAL_FOR_CAUSE.get(cause) != target]
     assert wrong_causes
     for cause in wrong_causes:
         run = make_run("TRACING", previous_state="EXECUTING", closing_cause=cause)

@@ -1,4 +1,4 @@
-"""SPEC §4 envelopes."""
+"""The step result and error envelopes (docs/data-plane.md#envelopes)."""
 
 from datetime import UTC, datetime
 
