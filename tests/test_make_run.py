@@ -152,13 +152,17 @@ def test_make_run_serves_as_the_readme_says_and_stops_cleanly(make_run):
         assert f"Task runs.tasks.{periodic}[" not in console
     assert "Task runs.tasks.advance_run[" in console  # the run's own tasks still show
 
-    assert ours(data_dir), "nothing of make run found running: the check below would prove nothing"
+    running = [" ".join(process.cmdline()) for process in ours(data_dir)]
+    assert any("forkserver.py" in line for line in running), running  # the run's steps started it
+    assert any("celery" in line and " worker" in line for line in running), running
     os.killpg(make.pid, signal.SIGINT)  # Ctrl-C
+    interrupted = time.monotonic()
     assert make.wait(timeout=60) is not None
     deadline = time.monotonic() + 10
     while (left := ours(data_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, [process.cmdline() for process in left]
+    print(f"make run: every process gone {time.monotonic() - interrupted:.1f} s after Ctrl-C")
     console = log_path.read_text()
     assert "SIGINT received" in console
     # honcho sends SIGKILL only to a process still there 5 s after its SIGTERM.
