@@ -5,7 +5,10 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 from runtime.capabilities import capability_manifest
+from tests.runtime.conftest import SYSTEM_PYTHON
 
 
 def test_manifest_is_json_and_cached(manifest):
@@ -52,3 +55,15 @@ def test_cgroup_section_matches_mounts(manifest):
 def test_rlimits_probe_ran(manifest):
     assert manifest["rlimits"]["enforced"] is True
     assert manifest["rlimits"]["nproc_enforced"] == (os.geteuid() != 0 or manifest["user"]["sandbox_uid"] is not None)
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="outside CI the suite may run unprivileged")
+def test_ci_has_what_the_containment_tests_need_so_none_of_them_skips():
+    """CI is where containment is proven: there, the escape suite, the
+    hardening and the filesystem tests must not skip for want of root,
+    bubblewrap, its system call filter, pasta or the system Python."""
+    manifest = capability_manifest(refresh=True)
+    assert os.geteuid() == 0
+    for capability in ("bubblewrap", "seccomp", "pasta"):
+        assert manifest[capability]["available"], (capability, manifest[capability])
+    assert os.access(SYSTEM_PYTHON, os.X_OK), SYSTEM_PYTHON
