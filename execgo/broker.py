@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import Empty
-from time import monotonic
+from time import monotonic_ns
 
 from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, filesystem, virtual
@@ -73,7 +73,10 @@ class Channel(filesystem.Channel):
     # --- messages ---------------------------------------------------------
 
     def _put(self, queue, payload, **kwargs):
-        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        # Taken in name order: the monotonic clock in nanoseconds, zero-padded
+        # (milliseconds put messages of one millisecond in random order, and
+        # unpadded numbers sort 1000 before 999).
+        name = f"{monotonic_ns():020d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         try:
             _write_atomically(final, str_to_bytes(dumps(payload)))

@@ -58,6 +58,21 @@ def test_a_message_being_written_is_not_taken(folder_connection):
     assert not list(folder.glob("*.jobs.msg"))
 
 
+def test_a_queue_is_first_in_first_out(folder_connection):
+    """Messages put in a burst (many in one millisecond) come out in the
+    order they went in."""
+    connection, folder = folder_connection
+    queue = connection.SimpleQueue("fifo")
+    for n in range(500):
+        queue.put({"n": n})
+    taken = []
+    for _ in range(500):
+        message = queue.get(timeout=2)
+        taken.append(message.payload["n"])
+        message.ack()
+    assert taken == list(range(500))
+
+
 def _flood(connection, sent: int, name: str = "flood") -> list[int]:
     """``sent`` messages from a producer thread that binds the queue while
     the consumer binds it too (the exchange table does not exist yet: a new
