@@ -35,8 +35,15 @@ run migrate: export DJANGO_DEBUG ?= true
 run: sandbox migrate
 	$(BIN)/python manage.py execgo_run
 
-## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis.
-test: test-deps lint test-sqlite test-postgres
+## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis; each
+## phase's wall time is printed at the end.
+TEST_PHASES := lint test-sqlite test-postgres
+test: test-deps
+	@times=""; for phase in $(TEST_PHASES); do started=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$phase; status=$$?; \
+	  times="$$times $$phase $$(( $$(date +%s) - started )) s;"; \
+	  if [ $$status -ne 0 ]; then echo "make test wall time:$$times (failed)"; exit $$status; fi; done; \
+	  echo "make test wall time:$$times"
 
 ## The programs the tests run, and the Debian package of each: installed with apt
 ## where this runs as root, otherwise named, and the run stops at once.
@@ -52,12 +59,17 @@ test-deps:
 	  else echo "make test needs the package(s)$$missing: install them (apt-get install$$missing) and run it again"; \
 	    exit 1; fi; fi
 
+## pytest-xdist: each worker process has a database, data directory, Redis
+## databases and sandbox uids of its own (tests/settings.py).
+PYTEST_WORKERS ?= 4
+PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=30
+
 test-sqlite: $(STAMP)
-	EXECGO_DATA_DIR=$(CURDIR)/var/test-sqlite $(BIN)/pytest -q
+	EXECGO_DATA_DIR=$(CURDIR)/var/test-sqlite $(PYTEST)
 
 test-postgres: $(STAMP)
 	EXECGO_DATA_DIR=$(CURDIR)/var/test-postgres DATABASE_URL=$(PG_URL) CELERY_BROKER_URL=$(REDIS_BROKER) \
-	REDIS_URL=$(REDIS_LAYER) $(BIN)/pytest -q
+	REDIS_URL=$(REDIS_LAYER) $(PYTEST)
 
 ## Layer contract (runtime never imports runs/approvals), pending migrations, pyflakes errors, import order.
 lint: export DJANGO_DEBUG ?= true

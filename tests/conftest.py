@@ -4,6 +4,7 @@ factory for runs in any state, and a real Celery worker process."""
 import importlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -164,6 +165,30 @@ def wait_until(predicate, *, timeout: float = 30.0, what: str = "condition") -> 
         time.sleep(0.05)
 
 
+# Each test process picks the loopback ports of the servers it starts from a
+# range of its own (pytest-xdist's gw0, gw1, … get 20000, 21000, …: below the
+# kernel's ephemeral range), so two of them never choose the same free port
+# between checking it and binding it.
+PORT_RANGE = 1000
+_port_base = 20000 + PORT_RANGE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_port_cursor = 0
+
+
+def free_port() -> int:
+    """A loopback port nothing is bound to now, from this process's range."""
+    global _port_cursor
+    for _ in range(PORT_RANGE):
+        port = _port_base + _port_cursor % PORT_RANGE
+        _port_cursor += 1
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or its last connection still in TIME_WAIT
+            return port
+    raise RuntimeError(f"no free port in {_port_base}-{_port_base + PORT_RANGE - 1}")
+
+
 def _worker_env() -> dict:
     db = connection.settings_dict
     if settings.IS_SQLITE:
@@ -258,7 +283,23 @@ _shared_worker = SharedWorker()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_shared_worker_at_exit():
+def _fresh_redis_databases():
+    """The suite's Redis databases start empty. A message that a worker
+    killed by an earlier run of the suite held unacknowledged comes back
+    once its visibility timeout passes, hours later, naming a run or a step
+    of whatever database is under test then."""
+    import redis
+
+    for url in {settings.CELERY_BROKER_URL, settings.REDIS_URL}:
+        if url.startswith("redis://"):
+            with redis.Redis.from_url(url) as client:
+                client.flushdb()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_worker_at_exit(django_db_setup):
+    # Depends on the test database so it is stopped first: its connections
+    # would keep the database from being dropped.
     yield
     _shared_worker.stop()
 
@@ -299,14 +340,15 @@ def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float 
 
 
 def pytest_collection_modifyitems(config, items):
-    """The data plane's own tests (tests/runtime) that use no database run
-    once, on the SQLite pass: the shim, the sandbox and the limits do not
-    change with the database, and running them twice would only cost CI time."""
+    """The data plane's own tests (tests/runtime) that use no database, and
+    tests marked ``stack_free``, run once, on the SQLite pass: the shim, the
+    sandbox, the limits and the embedded broker do not change with the
+    database, and running them twice would only cost CI time."""
     if settings.IS_SQLITE:
         return
     once = pytest.mark.skip(reason="no database involved: run on the SQLite pass")
     runtime_dir = ROOT / "tests" / "runtime"
     for item in items:
         uses_db = item.get_closest_marker("django_db") or {"db", "transactional_db"} & set(item.fixturenames)
-        if not uses_db and runtime_dir in item.path.parents:
+        if item.get_closest_marker("stack_free") or (not uses_db and runtime_dir in item.path.parents):
             item.add_marker(once)

@@ -14,6 +14,9 @@ from kombu import Connection, Exchange, Queue
 from execgo.broker import Transport
 from execgo.celery import app
 
+# The filesystem transport, on folders of the tests' own whatever the stack.
+pytestmark = pytest.mark.stack_free
+
 
 def _options(folder) -> dict:
     (folder / "control").mkdir(parents=True, exist_ok=True)

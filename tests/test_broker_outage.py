@@ -7,7 +7,6 @@ never failed; and the dispatch outbox ends empty."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 from django.db import connection
 
 from runs.models import AuditLog, Dispatch, Run
-from tests.conftest import ROOT, WorkerProcess, _worker_env, log_tails, make_token, wait_until
+from tests.conftest import ROOT, WorkerProcess, _worker_env, free_port, log_tails, make_token, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,11 +29,6 @@ FAST = {"EXECGO_SWEEP_INTERVAL_S": "1", "EXECGO_DISPATCH_RELAY_INTERVAL_S": "1",
         **{f"EXECGO_ZOMBIE_{state}_S": "3" for state in ("CREATED", "PREPARING", "POLICY_CHECK", "TRACING",
                                                           "TRANSIENT", "EXECUTING_IDLE")}}
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Redis:

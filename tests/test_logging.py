@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from tests.conftest import (
     ROOT,
     WorkerProcess,
     _worker_env,
+    free_port,
     make_token,
     make_user,
     purge_broker,
@@ -128,11 +128,6 @@ def test_the_callers_tenant_is_bound(agent, tenant, other_tenant, lines):
 
 PASSWORD = "correct-horse-battery-staple-42"
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def procfile_web(port: int) -> list[str]:

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -19,17 +18,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
 BANNER = re.compile(r"^ExecGo is up at (?P<url>http://\S+)/$.*?^    EXECGO_AGENT_TOKEN=(?P<token>\w+)$"
                     r".*?^    EXECGO_METRICS_TOKEN=(?P<metrics_token>[\w-]+)$", re.M | re.S)
 FINAL = {"SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED"}
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def readme_curl_example() -> str:

@@ -8,7 +8,6 @@ what an anonymous caller gets)."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from execgo.celery import app as celery_app
 from execgo.health import SWEEP_TASK
 from runtime import ledger
-from tests.conftest import ROOT, _worker_env, log_tails
+from tests.conftest import ROOT, _worker_env, free_port, log_tails
 
 pytestmark = pytest.mark.django_db
 
@@ -35,11 +34,6 @@ def client(settings):
     settings.EXECGO_METRICS_TOKEN = OPERATOR_TOKEN
     return Client(headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
 
-
-def unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def sweeper_entry(*, last_run_at, every: int = 30) -> PeriodicTask:
@@ -112,7 +106,7 @@ def test_ready_with_a_real_worker_and_a_real_beat(client, celery_worker, tmp_pat
 
 def test_broker_on_an_unused_port_is_not_ready_and_leaks_no_password(client, monkeypatch):
     sweeper_entry(last_run_at=timezone.now())
-    url = f"redis://:hunter2-broker-password@127.0.0.1:{unused_port()}/0"
+    url = f"redis://:hunter2-broker-password@127.0.0.1:{free_port()}/0"
     # Celery reads the environment variable before its own setting.
     monkeypatch.setenv("CELERY_BROKER_URL", url)
     monkeypatch.setitem(celery_app.conf, "broker_url", url)
@@ -130,7 +124,7 @@ def test_channel_layer_on_an_unused_port_is_not_ready(client, settings):
     sweeper_entry(last_run_at=timezone.now())
     settings.CHANNEL_LAYERS = {**settings.CHANNEL_LAYERS, "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [f"redis://127.0.0.1:{unused_port()}/0"]}}}
+        "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/0"]}}}
     ready = client.get("/readyz")
     assert ready.status_code == 503
     checks = ready.json()["checks"]
@@ -150,7 +144,7 @@ print(response.content.decode())
 
 def test_database_on_an_unused_port_is_not_ready(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in {"CELERY_BROKER_URL", "REDIS_URL"}}
-    env.update(DATABASE_URL=f"postgres://execgo:db-password-xyz@127.0.0.1:{unused_port()}/execgo",
+    env.update(DATABASE_URL=f"postgres://execgo:db-password-xyz@127.0.0.1:{free_port()}/execgo",
                EXECGO_DATA_DIR=str(tmp_path / "var"), DJANGO_SETTINGS_MODULE="execgo.settings",
                EXECGO_LOG_LEVEL="CRITICAL", EXECGO_METRICS_TOKEN="process-operator-token")
     done = subprocess.run([sys.executable, "-c", READYZ_IN_A_PROCESS], cwd=ROOT, env=env, capture_output=True,

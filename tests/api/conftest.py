@@ -62,13 +62,17 @@ def api_server(transactional_db):
     return _server
 
 
-# Lines the fuzz test reports; printed in pytest's terminal summary, so the
-# figures show in every run's output (-s or not).
+# Lines the fuzz test reports; recorded as its report's "schemathesis"
+# properties and printed in pytest's terminal summary, so the figures show in
+# every run's output (-s or not, and from an xdist worker too).
 FUZZ_SUMMARIES: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter):
-    if FUZZ_SUMMARIES:
+    lines = [value for reports in terminalreporter.stats.values() for report in reports
+             if getattr(report, "when", None) == "call"
+             for name, value in getattr(report, "user_properties", ()) if name == "schemathesis"]
+    if lines:
         terminalreporter.section("schemathesis")
-        for line in FUZZ_SUMMARIES:
+        for line in lines:
             terminalreporter.write_line(line)

@@ -83,7 +83,7 @@ def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]
     return summary, len(requests), statuses
 
 
-def test_schemathesis_finds_nothing(api_server, tenant):
+def test_schemathesis_finds_nothing(api_server, tenant, record_property):
     agent = make_user("fuzz-agent", tenant, groups=("agents",))
     summary, agent_requests, _ = run_schemathesis(
         api_server.url, make_token(agent), name="agent",
@@ -100,5 +100,7 @@ def test_schemathesis_finds_nothing(api_server, tenant):
     FUZZ_SUMMARIES.append(f"schemathesis total: {total} requests, seed {SEED}")
     (ROOT / "var" / f"schemathesis-{'sqlite' if settings.IS_SQLITE else 'postgres'}.txt").write_text(
         "\n".join(FUZZ_SUMMARIES) + "\n")
+    for line in FUZZ_SUMMARIES:
+        record_property("schemathesis", line)
     assert total >= MIN_REQUESTS, summary
     assert statuses.get(200, 0) > 0, "the approver reached no approval"

@@ -15,8 +15,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.conftest import ROOT, simple_plan
-from tests.web.conftest import free_port
+from tests.conftest import ROOT, free_port, simple_plan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 

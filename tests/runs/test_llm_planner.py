@@ -6,7 +6,6 @@ and recording every request it received; nothing in the planner is mocked.
 
 import contextlib
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from runs.models import Run, Trace, TraceKind
 from runs.pipeline import run_advance
 from runs.planners import RAW_RESPONSE_TRACE_BYTES, PlanningFailed, plan_run
 from runs.services import run_submit
+from tests.conftest import free_port
 
 API_KEY = "sk-planner-test-0123456789"
 MODEL = "planner-test-model"
@@ -306,9 +306,7 @@ def test_answer_trickling_in_past_the_timeout_is_a_timeout(llm, llm_run):
 
 @pytest.mark.django_db
 def test_connection_refused_is_retried_then_fails(llm_run, settings):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     settings.EXECGO_LLM_URL = f"http://127.0.0.1:{port}/v1"
     settings.EXECGO_LLM_RETRIES = 2
     settings.EXECGO_LLM_BACKOFF_S = 0.01

@@ -2,13 +2,13 @@
 
 import http.server
 import json
-import socket
 import threading
 import time
 
 import pytest
 
 from runtime import attach, executor
+from tests.conftest import free_port
 from tests.runtime.conftest import make_plan
 
 
@@ -108,9 +108,7 @@ def test_timeout(server, handle):
 
 
 def test_connection_refused_is_retryable_external_failure(handle):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     result = call(handle, {"url": f"http://127.0.0.1:{port}/"})
     assert result["error"]["code"] == "external_failure"
     assert result["error"]["retryable"] is True

@@ -2,7 +2,6 @@
 Debian's Chromium through Playwright, and signed-in sessions."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 
-from tests.conftest import ROOT, _worker_env, make_user
+from tests.conftest import ROOT, _worker_env, free_port, make_user
 
 # Playwright's sync API runs an event loop in the test's thread; the ORM
 # calls of the tests themselves are still plain synchronous ones.
@@ -22,11 +21,6 @@ CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "a-long-enough-password"  # the approver's, typed into the login form
 SCREENSHOTS = ROOT / "var" / "screenshots" / ("sqlite" if settings.IS_SQLITE else "postgres")
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class DaphneServer:
