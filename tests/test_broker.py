@@ -4,9 +4,11 @@ exchange table, concurrent binds keep every binding, and two consumers never
 both take one message."""
 
 import multiprocessing
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from kombu import Connection, Exchange, Queue
@@ -74,6 +76,33 @@ def test_a_queue_is_first_in_first_out(folder_connection):
         taken.append(message.payload["n"])
         message.ack()
     assert taken == list(range(500))
+
+
+def test_a_wait_lasts_as_long_as_its_caller_asked(folder_connection):
+    """A get (or a ping's wait for replies) is not cut short by the slices a
+    wait is made of: a message put 0.8 s into a 20 s wait is received."""
+    connection, _ = folder_connection
+    queue = connection.SimpleQueue("patient")
+    later = threading.Timer(0.8, lambda: connection.clone().SimpleQueue("patient").put({"n": 1}))
+    later.start()
+    try:
+        assert queue.get(timeout=20).payload == {"n": 1}
+    finally:
+        later.join()
+
+
+def test_a_stopping_worker_stops_waiting_within_a_slice(folder_connection, monkeypatch):
+    """Celery's consumer loop looks at its shutdown flag between waits of
+    2 s: a worker told to stop (exit code 0) ends its wait at the next slice."""
+    from celery.worker import state
+
+    connection, _ = folder_connection
+    connection.SimpleQueue("idle").consumer.consume()
+    monkeypatch.setattr(state, "should_stop", 0)
+    started = time.monotonic()
+    with pytest.raises(socket.timeout):
+        connection.drain_events(timeout=30)
+    assert time.monotonic() - started < 15  # a generous bound: the slice is 0.25 s, the wait asked 30 s
 
 
 def _flood(connection, sent: int, name: str = "flood") -> list[int]:
