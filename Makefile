@@ -36,7 +36,8 @@ run: sandbox migrate
 	$(BIN)/python manage.py execgo_run
 
 ## Set up and run the whole suite on SQLite, then on PostgreSQL + Redis; each
-## phase's wall time is printed at the end.
+## phase's wall time is printed at the end. (The two passes side by side are
+## no faster on two cores: the suite is bound by CPU there.)
 TEST_PHASES := lint test-sqlite test-postgres
 test: test-deps
 	@times=""; for phase in $(TEST_PHASES); do started=$$(date +%s); \

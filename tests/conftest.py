@@ -166,11 +166,11 @@ def wait_until(predicate, *, timeout: float = 30.0, what: str = "condition") -> 
 
 
 # Each test process picks the loopback ports of the servers it starts from a
-# range of its own (pytest-xdist's gw0, gw1, … get 20000, 21000, …: below the
+# range of its own (its slot, tests/settings.py: 20000, 21000, …, below the
 # kernel's ephemeral range), so two of them never choose the same free port
 # between checking it and binding it.
 PORT_RANGE = 1000
-_port_base = 20000 + PORT_RANGE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_port_base = 20000 + PORT_RANGE * int(os.environ.get("EXECGO_TEST_SLOT", "0"))
 _port_cursor = 0
 
 

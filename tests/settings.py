@@ -7,7 +7,8 @@ Under pytest-xdist each worker process (``gw0``, ``gw1``, …) gets what
 its tests must not share with another's: a data directory (the SQLite
 database, the filesystem broker, task directories, the fork server), Redis
 databases of its own, and its own range of sandbox uids (a step's uid
-bounds its processes host-wide). pytest-django gives each its own test
+bounds its processes host-wide) and of loopback ports (``EXECGO_TEST_SLOT``,
+read by tests/conftest.py). pytest-django gives each its own test
 database."""
 
 import os
@@ -17,10 +18,19 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-test-suite-only-" + "01234567
 os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 
 
+# The SQLite and the PostgreSQL passes may run side by side (two make
+# targets at once): the second's workers take the slots after the first's,
+# for uids and ports.
+PASS_SLOTS = 4
+
+
 def _isolate_xdist_worker(worker: str) -> None:
     """Once per xdist worker: the processes it starts inherit the result."""
     index = int(worker.removeprefix("gw"))
     os.environ["EXECGO_TEST_WORKER"] = worker
+    on_postgres = os.environ.get("DATABASE_URL", "").startswith("postgres")
+    slot = index + (PASS_SLOTS if on_postgres else 0)
+    os.environ["EXECGO_TEST_SLOT"] = str(slot)
     data_dir = os.environ.get("EXECGO_DATA_DIR") or os.path.join(os.path.dirname(os.path.dirname(__file__)), "var")
     os.environ["EXECGO_DATA_DIR"] = os.path.join(data_dir, worker)
     for name in ("CELERY_BROKER_URL", "REDIS_URL"):  # redis://host:port/N -> N - 4 × index
@@ -33,7 +43,7 @@ def _isolate_xdist_worker(worker: str) -> None:
     base = os.environ.get("EXECGO_SANDBOX_UID", "1000000")
     if base.isdigit():
         count = int(os.environ.get("EXECGO_SANDBOX_UID_COUNT", "1000000"))
-        os.environ["EXECGO_SANDBOX_UID"] = str(int(base) + index * count)
+        os.environ["EXECGO_SANDBOX_UID"] = str(int(base) + slot * count)
 
 
 _worker = os.environ.get("PYTEST_XDIST_WORKER")
