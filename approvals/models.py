@@ -1,43 +1,27 @@
 """Approval requests: one per entry of a run into AWAITING_HITL, bound to the
 exact action it covers, and the decisions of the people who answered it.
-
-Request lifecycle::
-
-    pending ──► approved   (the Nth approval of distinct approvers)
-        │ ├───► rejected   (one reject)
-        │ ├───► expired    (at expires_at, nobody decided: default reject)
-        │ ├───► cancelled  (the run was cancelled while waiting)
-        │ └───► voided     (the plan or the policy changed under it)
+A request's statuses and their moves are ``approvals.lifecycle``'s.
 
 A request is written with the run's move into AWAITING_HITL (same
-transaction), so a run waiting for a human always has exactly one pending
-request.
+transaction, ``approvals.interface.open_request``), so a run waiting for a
+human always has exactly one pending request.
 """
 
 import hashlib
 import json
 import re
 import unicodedata
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Max, Q
 
+from approvals.lifecycle import ApprovalStatus, InvalidApprovalTransition, writing_status
 from runs.models import PolicyRule, Run, Step, Tenant
 from runs.webhooks import webhook_configured, webhook_notify
 
 APPROVERS_GROUP = "approvers"
 AGENTS_GROUP = "agents"
-
-
-class ApprovalStatus(models.TextChoices):
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-    VOIDED = "voided"
 
 
 # Header names whose values an approver sees as a length only.
@@ -145,6 +129,13 @@ def action_digest(steps: list[Step], policy_version: int) -> str:
     return _digest_of({"steps": [normalised_action(step) for step in steps], "policy_version": policy_version})
 
 
+class ApprovalRequestQuerySet(models.QuerySet):
+    def update(self, **fields):
+        if "status" in fields and not writing_status():
+            raise InvalidApprovalTransition("a request's status is written by approvals.lifecycle.request_finish only")
+        return super().update(**fields)
+
+
 class ApprovalRequest(models.Model):
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="approval_requests")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="approval_requests")
@@ -166,6 +157,8 @@ class ApprovalRequest(models.Model):
     edited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                   related_name="+")
 
+    objects = ApprovalRequestQuerySet.as_manager()
+
     class Meta:
         ordering = ["-id"]
         constraints = [
@@ -180,6 +173,22 @@ class ApprovalRequest(models.Model):
 
     def __str__(self) -> str:
         return f"approval request {self.pk} for run {self.run_id} ({self.status})"
+
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        request = super().from_db(db, field_names, values)
+        request._stored_status = request.__dict__.get("status")
+        return request
+
+    def save(self, *args, **kwargs):
+        """A request is created pending; its status changes through
+        ``approvals.lifecycle.request_finish`` only."""
+        before = ApprovalStatus.PENDING if self._state.adding else getattr(self, "_stored_status", None)
+        changed = "status" in self.__dict__ and before is not None and self.status != before
+        if changed and not writing_status():
+            raise InvalidApprovalTransition("a request's status is written by approvals.lifecycle.request_finish only")
+        super().save(*args, **kwargs)
+        self._stored_status = self.__dict__.get("status")
 
     @property
     def high_risk_steps(self) -> list[dict]:
@@ -211,33 +220,6 @@ class ApprovalRequest(models.Model):
             "reason": reason or None, "decided_at": self.decided_at.isoformat() if self.decided_at else None,
             "url": f"/approvals/{self.pk}/",
         }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=self.run_id, tenant_id=self.tenant_id)
-
-    @classmethod
-    def close_pending(cls, run_id: int, status: str, *, reason: str, now) -> list["ApprovalRequest"]:
-        """End the pending request of a run that left AWAITING_HITL another
-        way (a cancel, the sweeper), in the caller's transaction."""
-        closed = list(cls.objects.select_for_update().filter(run_id=run_id, status=ApprovalStatus.PENDING))
-        for request in closed:
-            request.status, request.decided_at = status, now
-            request.save(update_fields=["status", "decided_at"])
-            request.notify_decided(reason=reason)
-        return closed
-
-    @classmethod
-    def open_for(cls, run: Run, decision: dict, *, now) -> "ApprovalRequest":
-        """The request of ``run`` entering AWAITING_HITL with the policy's
-        ``decision`` (its PolicyDecisionTrace data), in the caller's transaction."""
-        steps = list(Step.objects.filter(run_id=run.pk).order_by("position"))
-        rows = rated_steps(steps, decision)
-        digest = action_digest(steps, decision["policy_version"])
-        required = quorum_of(decision)
-        return cls.objects.create(
-            run=run, tenant_id=run.tenant_id, risk=decision["risk"], policy_version=decision["policy_version"],
-            action_digest=digest, approvals_required=required,
-            expires_at=now + timedelta(seconds=run.approval_timeout_s), steps=rows,
-            versions=[plan_version("proposed", digest, rows, risk=decision["risk"], approvals_required=required,
-                                   at=now)],
-        )
 
 
 def quorum_of(decision: dict) -> int:

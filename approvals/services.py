@@ -18,15 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.edits import apply_edit, edited_steps, rate_edit
-from approvals.models import (
-    AGENTS_GROUP,
-    APPROVERS_GROUP,
-    ApprovalRequest,
-    ApprovalStatus,
-    Decision,
-    DecisionKind,
-    action_digest,
-)
+from approvals.lifecycle import ApprovalStatus, request_finish
+from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, Decision, DecisionKind, action_digest
 from runs.audit import audit
 from runs.closing import run_close
 from runs.dispatch import enqueue_advance
@@ -110,9 +103,7 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
             edited = edited_steps(run, steps, edits)
             apply_edit(locked, run, steps, edited, rate_edit(run, edited), actor, now=now)
         if voided:
-            locked.status, locked.decided_at = ApprovalStatus.VOIDED, now
-            locked.save(update_fields=["status", "decided_at"])
-            locked.notify_decided(decided_by=actor, reason=voided)
+            request_finish(locked, ApprovalStatus.VOIDED, now=now, decided_by=actor, reason=voided)
             audit(AuditEvent.APPROVAL_VOIDED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
                   caller="hitl controller", from_state=S.AWAITING_HITL, data={"request": locked.pk, "reason": voided})
         elif not refused and not needs_reason:
@@ -155,10 +146,8 @@ def _record(request: ApprovalRequest, actor, decision: str, comment: str, now, *
     approvals = request.decisions.filter(decision=DecisionKind.APPROVE).count()
     final = decision == DecisionKind.REJECT or approvals >= request.approvals_required
     if final:
-        request.status = ApprovalStatus.APPROVED if decision == DecisionKind.APPROVE else ApprovalStatus.REJECTED
-        request.decided_at = now
-        request.save(update_fields=["status", "decided_at"])
-        request.notify_decided(decided_by=actor, comment=comment)
+        request_finish(request, ApprovalStatus.APPROVED if decision == DecisionKind.APPROVE else ApprovalStatus.REJECTED,
+                       now=now, decided_by=actor, comment=comment)
     Trace.objects.create(run_id=request.run_id, kind=TraceKind.HITL_DECISION, from_state=S.AWAITING_HITL, data={
         "decision": decision, "approver": actor.pk, "approver_name": actor.get_username(), "comment": comment,
         "timeout": False, "decided_at": now.isoformat(), "request": request.pk, "approvals": approvals,
@@ -192,9 +181,7 @@ def approval_expire(request_id: int, *, now=None) -> bool:
         request = ApprovalRequest.objects.select_for_update().filter(pk=request_id).select_related("run").first()
         if request is None or request.status != ApprovalStatus.PENDING or now < request.expires_at:
             return False
-        request.status, request.decided_at = ApprovalStatus.EXPIRED, now
-        request.save(update_fields=["status", "decided_at"])
-        request.notify_decided(reason="expired with no decision")
+        request_finish(request, ApprovalStatus.EXPIRED, now=now, reason="expired with no decision")
         audit(AuditEvent.HITL_TIMEOUT, run_id=request.run_id, tenant_id=request.tenant_id,
               caller="hitl controller", from_state=S.AWAITING_HITL,
               data={"request": request.pk, "expires_at": request.expires_at.isoformat()})

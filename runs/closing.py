@@ -10,7 +10,7 @@ and is audited, not applied.
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals import interface as approvals
 from runs.audit import audit
 from runs.errors import ErrorCode, error_envelope
 from runs.memory import memory_write
@@ -71,8 +71,8 @@ def run_cancel_awaiting_approval(run_id: int) -> Run | None:
     try:
         with transaction.atomic():
             run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.AWAITING_HITL)
-            ApprovalRequest.close_pending(run_id, ApprovalStatus.CANCELLED, reason="the run was cancelled",
-                                          now=timezone.now())
+            approvals.close_pending(run_id, approvals.ApprovalStatus.CANCELLED, reason="the run was cancelled",
+                                    now=timezone.now())
         return run_close(run_id)
     except TransitionLost:
         return None

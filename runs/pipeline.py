@@ -11,7 +11,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
+from approvals import interface as approvals
 from runs.audit import audit
 from runs.closing import run_cancel_awaiting_approval, run_close
 from runs.context import assemble_context
@@ -121,7 +121,7 @@ def _request_approval(run: Run, decision: dict) -> None:
     transaction), its expiry, sent for the moment it is due, and the
     approvers' notification (a webhook row in the same transaction, sent
     after commit; its delivery never touches the run)."""
-    approval = ApprovalRequest.open_for(run, decision, now=timezone.now())
+    approval = approvals.open_request(run, decision, now=timezone.now())
     audit(AuditEvent.APPROVAL_REQUESTED, run_id=run.pk, tenant_id=run.tenant_id, caller="hitl controller",
           to_state=S.AWAITING_HITL, data={"request": approval.pk, "approvals_required": approval.approvals_required,
                                           "expires_at": approval.expires_at.isoformat()})

@@ -21,7 +21,7 @@ from django.db.models import DurationField, Exists, F, Func, OuterRef, Q, QueryS
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals import interface as approvals
 from runs.audit import audit
 from runs.closing import fence_unfinished_steps, run_close
 from runs.dataplane import queue_for
@@ -216,8 +216,9 @@ def sweep_run(run: Run, *, age: timedelta) -> bool:
                                                        "by the zombie sweeper")
                     run_transition(run, target, **transition)
                     if stuck_in == S.AWAITING_HITL:  # the expiry's message was lost: this is the fallback
-                        expired = ApprovalRequest.close_pending(run.pk, ApprovalStatus.EXPIRED, now=timezone.now(),
-                                                                reason="expired with no decision (sweeper)")
+                        expired = approvals.close_pending(run.pk, approvals.ApprovalStatus.EXPIRED,
+                                                          now=timezone.now(),
+                                                          reason="expired with no decision (sweeper)")
                         for request in expired:
                             audit(AuditEvent.HITL_TIMEOUT, run_id=run.pk, tenant_id=run.tenant_id,
                                   caller="zombie sweeper", forced_by=ZOMBIE_SWEEPER, from_state=stuck_in,

@@ -323,7 +323,7 @@ def _no_shared_worker_unless_asked(request):
 def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float | None = None):
     """Test factory: the pending approval request of a run placed in
     AWAITING_HITL by ``make_run`` (the pipeline opens one on its way there)."""
-    from approvals.models import ApprovalRequest
+    from approvals.interface import open_request
     from runs.models import PolicyRule
     from runs.policy import current_policy_version
 
@@ -336,7 +336,7 @@ def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float 
     if expires_in_s is not None:
         Run.objects.filter(pk=run.pk).update(approval_timeout_s=max(int(expires_in_s), 1))
         run.refresh_from_db()
-    return ApprovalRequest.open_for(run, decision, now=timezone.now())
+    return open_request(run, decision, now=timezone.now())
 
 
 def pytest_collection_modifyitems(config, items):

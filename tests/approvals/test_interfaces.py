@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from approvals.interface import open_request
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision
 from runs.models import AuditLog, Job, Run, Step
 from runs.policy import evaluate_policy
@@ -87,7 +88,7 @@ def rated_approval(run: Run) -> ApprovalRequest:
     """The request the pipeline opens for ``run``: its steps rated by the real policy."""
     decision = evaluate_policy(run)
     assert decision.risk == "high", decision.data
-    return ApprovalRequest.open_for(run, decision.data, now=timezone.now())
+    return open_request(run, decision.data, now=timezone.now())
 
 
 class _Forms(HTMLParser):

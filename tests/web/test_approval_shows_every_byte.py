@@ -7,7 +7,7 @@ off GET /api/v1/approvals/{id}. Nothing here runs: the run waits for a human."""
 import pytest
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
+from approvals.interface import open_request
 from runs.dataplane import bind_rated_plans_of
 from runs.models import Step
 from runs.policy import evaluate_policy
@@ -45,7 +45,7 @@ def waiting(make_run, approver, settings):
                             requested_plan=sandbox, timeout_s=5)
     decision = evaluate_policy(run)
     bind_rated_plans_of(list(run.steps.all()), decision.data)  # as POLICY_CHECK does
-    return ApprovalRequest.open_for(run, {**decision.data, "risk": "high"}, now=timezone.now())
+    return open_request(run, {**decision.data, "risk": "high"}, now=timezone.now())
 
 
 ESCAPED_STDIN = "id\n\\x07echo \\x1b[2Jcleared\nrm -rf ./build \\u202e;txt.exe\n"

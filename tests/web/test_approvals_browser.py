@@ -8,6 +8,7 @@ from django.test import override_settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from approvals.interface import open_request
 from approvals.models import ApprovalRequest
 from runs.models import AuditLog, Job, Run, Step
 from runs.policy import evaluate_policy
@@ -186,7 +187,7 @@ def make_plain_run(tenant, agent) -> Run:
 
 def open_for_run(run: Run, *, approvals_required: int) -> ApprovalRequest:
     decision = evaluate_policy(run)
-    approval = ApprovalRequest.open_for(run, decision.data, now=timezone.now())
+    approval = open_request(run, decision.data, now=timezone.now())
     ApprovalRequest.objects.filter(pk=approval.pk).update(approvals_required=approvals_required)
     approval.refresh_from_db()
     return approval
