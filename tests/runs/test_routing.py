@@ -213,13 +213,10 @@ def test_worker_host_settings_come_from_the_environment():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["env-host", NO_BWRAP, 7]
 
 
-@pytest.mark.django_db
-def test_a_host_that_would_run_a_step_weaker_than_it_was_rated_refuses_it(make_run):
-    """A default step rated (and maybe approved) in the sandbox, delivered to
-    a host without bubblewrap: with no other host up that has it, the step
-    fails with ``denied`` and says why, before anything runs; the adaptive
-    default never quietly becomes the process profile there."""
-    run = make_run("EXECUTING")
+def deliver_sandbox_rated_step_to_a_bare_host(run: Run) -> tuple[Step, str]:
+    """A default step of ``run``, rated in linux_sandbox, accepted and
+    delivered to this process probed as "bare-host", whose bubblewrap is
+    missing; the step as it stands after, and its handle."""
     step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"script": "touch ran"},
                                timeout_s=10)
     rated = rated_part(resolve_plan({}, mode=None, uid_key=step.pk))
@@ -231,8 +228,19 @@ def test_a_host_that_would_run_a_step_weaker_than_it_was_rated_refuses_it(make_r
             assert capability_manifest(refresh=True)["bubblewrap"]["available"] is False
             assert step_execute(step.pk, 1) is None
     finally:
-        capability_manifest(refresh=True)
+        capability_manifest(refresh=True)  # the real probe again, for whoever comes next
     step.refresh_from_db()
+    return step, handle
+
+
+@pytest.mark.django_db
+def test_a_host_that_would_run_a_step_weaker_than_it_was_rated_refuses_it(make_run):
+    """A default step rated (and maybe approved) in the sandbox, delivered to
+    a host without bubblewrap: with no other host up that has it, the step
+    fails with ``denied`` and says why, before anything runs; the adaptive
+    default never quietly becomes the process profile there."""
+    run = make_run("EXECUTING")
+    step, handle = deliver_sandbox_rated_step_to_a_bare_host(run)
     assert (step.status, step.run_status, step.host) == ("failed", "failed", "bare-host")
     error = step.result["error"]
     assert (error["code"], error["source"]) == ("denied", "executor")
@@ -250,21 +258,9 @@ def test_a_host_that_would_run_a_step_weaker_hands_it_to_a_host_that_can_honour_
     from tests.test_ledger_heal import queued
 
     run = make_run("EXECUTING", timeout_s=120)
-    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell", params={"script": "touch ran"},
-                               timeout_s=10)
-    rated = rated_part(resolve_plan({}, mode=None, uid_key=step.pk))
-    handle = new_handle_id(step, 1)
-    Step.objects.filter(pk=step.pk).update(run_status="accepted", attempt=1, handle_id=handle, rated_plan=rated)
     ledger.host_register(BOXED, task_slots=2, memory_bytes=2**30, pids=64, capabilities=capability_manifest())
     purge_broker()
-    try:
-        with override_settings(EXECGO_BWRAP_PATH=NO_BWRAP, EXECGO_HOST_NAME="bare-host"):
-            assert capability_manifest(refresh=True)["bubblewrap"]["available"] is False
-            assert step_execute(step.pk, 1) is None
-    finally:
-        capability_manifest(refresh=True)
-
-    step.refresh_from_db()
+    step, handle = deliver_sandbox_rated_step_to_a_bare_host(run)
     assert (step.status, step.run_status, step.attempt, step.host, step.result) == ("pending", "accepted", 1, "", None)
     assert not layout.task_dir(handle).exists()  # nothing prepared on the host that would run it weaker
     assert [(m["task"], m["args"]) for m in queued(SANDBOX_QUEUE)] == [("runs.tasks.execute_step", [step.pk, 1])]
