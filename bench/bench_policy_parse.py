@@ -28,7 +28,7 @@ import django  # noqa: E402
 django.setup()
 
 from runs.shell_words import parse_argv, parse_script  # noqa: E402
-from tests.test_policy_corpus import BENIGN, CORPUS  # noqa: E402
+from tests.runs.test_policy_corpus import BENIGN, CORPUS  # noqa: E402
 
 MAX_CHARS = 8192
 CRAFTED = {

@@ -14,7 +14,7 @@ from django.urls import reverse
 from runs.models import AuditEvent, AuditLog, Membership, PolicyRule
 from runs.reconcile import audit_chain_breaks
 from tests.conftest import make_user
-from tests.test_audit_chain import manage, verify_offline
+from tests.runs.test_audit_chain import manage, verify_offline
 
 transactional = pytest.mark.django_db(transaction=True, databases=["default", "audit"])
 

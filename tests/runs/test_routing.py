@@ -255,7 +255,7 @@ def test_a_host_that_would_run_a_step_weaker_hands_it_to_a_host_that_can_honour_
     """The same delivery while a host that has bubblewrap was seen lately:
     nothing runs here; the attempt goes, still accepted, to the queue of the
     hosts that can run it as rated."""
-    from tests.test_ledger_heal import queued
+    from tests.runs.test_ledger_heal import queued
 
     run = make_run("EXECUTING", timeout_s=120)
     ledger.host_register(BOXED, task_slots=2, memory_bytes=2**30, pids=64, capabilities=capability_manifest())

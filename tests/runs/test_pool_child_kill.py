@@ -32,7 +32,7 @@ from runs.statemachine import FINAL
 from runtime import forkserver, shim
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import WorkerProcess, log_tails, purge_broker, token_client, wait_until
-from tests.test_deadline_scan import BeatProcess
+from tests.runs.test_deadline_scan import BeatProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

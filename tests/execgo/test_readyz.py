@@ -3,7 +3,7 @@ needs (database, broker, channel layer, a live worker, beat) and answers
 503 naming the one that fails. Failures are made without stopping anything
 real: a broker on a port nobody listens on, no worker, beat never started.
 The checks by name are the details an operator reads: these tests ask
-with the metrics token (tests/test_operator_access.py: who else may, and
+with the metrics token (tests/web/test_operator_access.py: who else may, and
 what an anonymous caller gets)."""
 
 import json

@@ -7,7 +7,7 @@ import fnmatch
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 READERS = {"env_str", "env_int", "env_float", "env_bool", "env_list"}
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from runtime import ledger
 from tests.conftest import make_user, token_client
-from tests.test_readyz import sweeper_entry
+from tests.execgo.test_readyz import sweeper_entry
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 # Variables of the caller's environment that would leak into the production one.
 OWN = ("DJANGO_", "EXECGO_HTTPS", "EXECGO_SSL_REDIRECT", "EXECGO_HSTS_", "EXECGO_PROXY_SSL_HEADER")

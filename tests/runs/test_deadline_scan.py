@@ -124,7 +124,7 @@ def test_a_run_before_its_deadline_and_runs_in_other_states_are_left_alone(make_
 
 def test_the_run_timer_expires_so_a_parked_copy_is_dropped_when_it_comes_back(make_run):
     from runs.execution import executing_started
-    from tests.test_ledger_heal import queued
+    from tests.runs.test_ledger_heal import queued
 
     purge_broker()
     run = make_run("EXECUTING", previous_state="POLICY_CHECK", timeout_s=30)
