@@ -1,8 +1,8 @@
 """The decision service of the approvals: the request a run opens on its way
 into AWAITING_HITL, who may decide it, what a reject / an approval / a quorum
-does, the voiding of an approval whose action or policy changed, the expiry
-(at the minute and by the sweeper), a cancel while waiting, and a real race of
-an approve against a reject (PostgreSQL)."""
+does, a decision on a request already settled, and a real race of an approve
+against a reject (PostgreSQL). A request that ends without a verdict (voided,
+expired, cancelled): test_decisions_voided_expired_cancelled.py."""
 
 import os
 import threading
@@ -14,7 +14,6 @@ import pytest
 from celery.canvas import Signature
 from django.core.management import call_command
 from django.db import connection, connections
-from django.utils import timezone
 
 from approvals.models import (
     AGENTS_GROUP,
@@ -29,16 +28,18 @@ from approvals.services import approval_decide, approval_expire
 from runs.dispatch import ADVANCE_RUN
 from runs.errors import ConflictError, DeniedError
 from runs.models import AuditLog, Job, PolicyRule, Run, Step, Trace
-from runs.pipeline import run_advance
-from runs.policy import (
-    baseline_reasons,
-    current_policy_version,
-    plan_baseline,
-    policy_rule_save,
-)
-from runs.services import run_cancel, run_submit
-from runs.sweeper import sweep_run
+from runs.policy import baseline_reasons, current_policy_version, plan_baseline, policy_rule_save
+from runs.services import run_cancel
 from runtime.plan_resolver import resolve_plan
+from tests.approvals.decisions_helpers import (
+    APPROVAL_TIMEOUT_S,
+    assert_no_step_started,
+    assert_refused,
+    audit_events,
+    fresh,
+    path_of,
+    pending_request,
+)
 from tests.conftest import make_user, open_approval, postgres_only, purge_broker
 
 pytestmark = pytest.mark.django_db
@@ -46,83 +47,6 @@ pytestmark = pytest.mark.django_db
 # What a default shell step's plan starts from, as the policy words it.
 DEFAULT_BASELINE = baseline_reasons(plan_baseline(resolve_plan({}), worker_is_root=os.geteuid() == 0))[0]
 INSTALL_REASON = "shell-package-install: installs packages (changes the host, runs third-party install scripts)"
-PLAN = {"steps": [
-    {"id": "prep", "tool": "shell", "params": {"argv": ["echo", "ready"]}},
-    {"id": "install", "tool": "shell", "params": {"argv": ["pip", "install", "requests"]}, "depends_on": ["prep"]},
-]}
-APPROVAL_TIMEOUT_S = 900
-
-
-@pytest.fixture
-def approver(tenant):
-    return make_user("approver", tenant, groups=(APPROVERS_GROUP,))
-
-
-@pytest.fixture
-def second_approver(tenant):
-    return make_user("approver-2", tenant, groups=(APPROVERS_GROUP,))
-
-
-@pytest.fixture
-def awaiting(seeded_policy, tenant, agent):
-    """A run submitted and driven in this thread by the real pipeline (seeded
-    policy) up to AWAITING_HITL. The advance and expiry tasks are registered
-    on commit of the test's transaction, which never commits: nothing is sent."""
-
-    def factory(*, user=None, plan=PLAN) -> Run:
-        run = run_submit(tenant=tenant, user=user or agent, plan=plan, approval_timeout_s=APPROVAL_TIMEOUT_S).run
-        assert run_advance(run.pk) is None  # stops at AWAITING_HITL, waiting for a human
-        run.refresh_from_db()
-        assert run.state == "AWAITING_HITL", path_of(run)
-        return run
-
-    return factory
-
-
-def path_of(run: Run) -> list[str]:
-    return list(Trace.objects.filter(run_id=run.pk, kind="transition").values_list("to_state", flat=True))
-
-
-def pending_request(run: Run) -> ApprovalRequest:
-    return ApprovalRequest.objects.get(run_id=run.pk, status="pending")
-
-
-def fresh(obj):
-    obj.refresh_from_db()
-    return obj
-
-
-def audit_events(run: Run, event: str):
-    return AuditLog.objects.filter(run_id=run.pk, event=event)
-
-
-def assert_no_step_started(run: Run) -> None:
-    steps = list(Step.objects.filter(run_id=run.pk))
-    assert steps, "the run has steps"
-    for step in steps:
-        assert step.status in ("pending", "skipped"), (step.step_id, step.status)
-        assert step.run_status not in ("accepted", "running", "success"), (step.step_id, step.run_status)
-        assert step.attempt == 0 and step.started_at is None, step.step_id
-
-
-def assert_refused(request: ApprovalRequest, actor, *, approve: bool, status: str, reason: str) -> None:
-    """A decision on a request that is not decidable any more: 409, nothing
-    recorded but the ``approval_refused`` row, which outlives the call."""
-    decisions = Decision.objects.filter(request_id=request.pk).count()
-    refusals = AuditLog.objects.filter(run_id=request.run_id, event="approval_refused").count()
-    with pytest.raises(ConflictError) as refused:
-        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve, comment="too late")
-    assert refused.value.http_status == 409
-    assert refused.value.envelope["code"] == "invalid_input"
-    assert refused.value.envelope["details"] == {"request": request.pk, "status": status}
-    assert reason in refused.value.envelope["message"]
-    assert Decision.objects.filter(request_id=request.pk).count() == decisions
-    rows = list(AuditLog.objects.filter(run_id=request.run_id, event="approval_refused").order_by("id"))
-    assert len(rows) == refusals + 1
-    assert rows[-1].actor_id == actor.pk
-    assert rows[-1].data["request"] == request.pk
-    assert rows[-1].data["decision"] == ("approve" if approve else "reject")
-    assert reason in rows[-1].data["reason"]
 
 
 # --- 1. the request a run opens ------------------------------------------------------------------
@@ -387,147 +311,7 @@ def test_a_quorum_of_two_with_one_approval_then_one_reject_is_rejected(make_run,
     assert audit_events(run, "approval_rejected").get().actor_id == second_approver.pk
 
 
-# --- 5. voiding -----------------------------------------------------------------------------------
-
-
-def assert_voided(run: Run, request: ApprovalRequest, actor, *, approve: bool, reason: str) -> None:
-    with pytest.raises(ConflictError) as voided:
-        approval_decide(request=request, digest=request.action_digest, actor=actor, approve=approve)
-    assert voided.value.http_status == 409
-    assert voided.value.envelope["details"] == {"request": request.pk, "status": "voided"}
-    assert reason in voided.value.envelope["message"]
-
-    request = fresh(request)
-    assert request.status == "voided" and request.decided_at is not None
-    rows = list(audit_events(run, "approval_voided"))
-    assert len(rows) == 1
-    assert rows[0].actor_id == actor.pk and rows[0].data["request"] == request.pk
-    assert reason in rows[0].data["reason"]
-    assert not audit_events(run, "approval_approved").exists()
-    assert not audit_events(run, "approval_rejected").exists()
-
-    run = fresh(run)
-    assert (run.state, run.closing_cause) == ("CLOSED_REJECTED", "rejected")
-    assert "EXECUTING" not in path_of(run)
-    assert path_of(run)[-4:] == ["AWAITING_HITL", "REJECTED", "TRACING", "CLOSED_REJECTED"]
-    assert_no_step_started(run)
-    assert not ApprovalRequest.objects.filter(run_id=run.pk, status="pending").exists()
-
-
-@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
-def test_a_plan_changed_under_the_request_voids_it(awaiting, approver, approve):
-    run = awaiting()
-    request = pending_request(run)
-    changed = Step.objects.filter(run_id=run.pk, step_id="install").update(
-        params={"argv": ["pip", "install", "requests-but-not-quite"]})
-    assert changed == 1
-
-    assert_voided(run, request, approver, approve=approve, reason="the plan changed")
-
-
-@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
-def test_a_policy_changed_under_the_request_voids_it(awaiting, approver, approve):
-    run = awaiting()
-    request = pending_request(run)
-    rule = PolicyRule.objects.get(name="shell-chown")  # any rule: the version moves with every change
-    rule.reason = "changes file ownership (reviewed)"
-    policy_rule_save(rule)
-    assert current_policy_version() == request.policy_version + 1
-
-    assert_voided(run, request, approver, approve=approve, reason="the policy changed")
-
-
-# --- 6. expiry ------------------------------------------------------------------------------------
-
-
-def test_an_expired_request_rejects_its_run_at_expires_at(awaiting, approver):
-    run = awaiting()
-    request = pending_request(run)
-
-    assert approval_expire(request.pk, now=request.expires_at - timedelta(seconds=1)) is False
-    assert fresh(request).status == "pending"
-    assert fresh(run).state == "AWAITING_HITL"
-    assert not audit_events(run, "hitl_timeout").exists()
-    assert not Trace.objects.filter(run_id=run.pk, kind="hitl_decision").exists()
-
-    assert approval_expire(request.pk, now=request.expires_at + timedelta(seconds=1)) is True
-
-    request = fresh(request)
-    assert request.status == "expired"
-    assert request.decided_at == request.expires_at + timedelta(seconds=1)
-    rows = list(audit_events(run, "hitl_timeout"))
-    assert len(rows) == 1 and rows[0].data["request"] == request.pk
-    trace = Trace.objects.get(run_id=run.pk, kind="hitl_decision")
-    assert trace.data["timeout"] is True and trace.data["decision"] == "reject"
-    assert (trace.from_state, trace.to_state) == ("AWAITING_HITL", "TIMEOUT")
-    assert trace.error["code"] == "timeout"
-    run = fresh(run)
-    assert (run.state, run.closing_cause) == ("CLOSED_REJECTED", "approval_timeout")
-    assert path_of(run)[-4:] == ["AWAITING_HITL", "TIMEOUT", "TRACING", "CLOSED_REJECTED"]
-    assert audit_events(run, "run_rejected").count() == 1
-    assert_no_step_started(run)
-
-    # A second delivery of the expiry changes nothing.
-    assert approval_expire(request.pk, now=request.expires_at + timedelta(seconds=2)) is False
-    assert audit_events(run, "hitl_timeout").count() == 1
-
-    assert_refused(request, approver, approve=True, status="expired", reason="this request is expired")
-    assert not Decision.objects.filter(request=request).exists()
-
-
-def test_a_decision_after_expires_at_is_refused_even_before_the_expiry_ran(awaiting, approver):
-    run = awaiting()
-    request = pending_request(run)
-    ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    request = fresh(request)
-
-    assert_refused(request, approver, approve=True, status="pending", reason="this request expired")
-    assert fresh(run).state == "AWAITING_HITL"
-    assert not Decision.objects.filter(request=request).exists()
-
-
-def test_the_sweeper_expires_the_pending_request_of_a_run_stuck_awaiting_approval(awaiting, approver):
-    run = awaiting()
-    request = pending_request(run)
-
-    assert sweep_run(run, age=timedelta(seconds=run.approval_timeout_s + 1)) is True
-
-    request = fresh(request)
-    assert request.status == "expired" and request.decided_at is not None
-    run = fresh(run)
-    assert (run.state, run.closing_cause) == ("CLOSED_REJECTED", "approval_timeout")
-    trace = Trace.objects.get(run_id=run.pk, kind="hitl_decision")
-    assert trace.data["timeout"] is True and trace.data["layer"] == "sweeper"
-    assert audit_events(run, "zombie_recovered").count() == 1
-    assert_no_step_started(run)
-    assert approval_expire(request.pk, now=request.expires_at + timedelta(seconds=1)) is False
-    assert_refused(request, approver, approve=True, status="expired", reason="this request is expired")
-
-
-# --- 7. cancel while waiting ------------------------------------------------------------------------
-
-
-def test_a_cancel_while_waiting_cancels_the_request(awaiting, agent, approver):
-    run = awaiting()
-    request = pending_request(run)
-
-    returned = run_cancel(run=run, user=agent)
-
-    assert returned.state == "CLOSED_CANCELLED"
-    run = fresh(run)
-    assert (run.state, run.closing_cause) == ("CLOSED_CANCELLED", "cancelled")
-    assert path_of(run)[-4:] == ["AWAITING_HITL", "CANCELLED", "TRACING", "CLOSED_CANCELLED"]
-    assert audit_events(run, "run_cancelled").get().actor_id == agent.pk
-    request = fresh(request)
-    assert request.status == "cancelled" and request.decided_at is not None
-    assert_no_step_started(run)
-
-    assert_refused(request, approver, approve=True, status="cancelled", reason="this request is cancelled")
-    assert not Decision.objects.filter(request=request).exists()
-    assert fresh(run).state == "CLOSED_CANCELLED"
-
-
-# --- 8. approve against reject, for real (PostgreSQL) ------------------------------------------------
+# --- 5. approve against reject, for real (PostgreSQL) ------------------------------------------------
 
 RACES = 200
 

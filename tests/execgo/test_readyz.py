@@ -59,7 +59,9 @@ def test_no_worker_is_not_ready(client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_beat_that_never_started_never_ran_or_stopped_is_not_ready(client, celery_worker):
+def test_beat_that_never_started_never_ran_or_stopped_is_not_ready(client, celery_worker, settings):
+    settings.EXECGO_READYZ_TIMEOUT_S = 15  # the worker answers, loaded or not (the first answer ends the wait)
+
     def beat_check():
         ready = client.get("/readyz")
         assert ready.status_code == 503, ready.content

@@ -3,6 +3,14 @@ from django.utils import timezone
 
 from runs.dataplane import current_host, new_handle_id, resolve_step_plan
 from runs.models import Run, Step, StepRunStatus, StepStatus
+from tests.runs.admin_helpers import add_run
+
+
+@pytest.fixture
+def run(tenant, agent):
+    """The run of the Django admin's tests (test_admin_*.py): EXECUTING, with
+    one step, trace, audit row and event (admin_helpers.add_run)."""
+    return add_run(tenant, agent, "EXECUTING", title="nightly backup")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """A live Daphne server against the test database (websockets included),
-Debian's Chromium through Playwright, and signed-in sessions."""
+Debian's Chromium through Playwright, and signed-in sessions; the users and
+the signed-in client of the server-rendered pages' tests (test_pages_*.py)."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ from django.conf import settings
 from django.test import Client, override_settings
 
 from tests.conftest import ROOT, _worker_env, free_port, make_user
+from tests.web.pages_helpers import signed_in
 
 # Playwright's sync API runs an event loop in the test's thread; the ORM
 # calls of the tests themselves are still plain synchronous ones.
@@ -135,3 +137,19 @@ def log_in(page, username: str, password: str) -> None:
     page.wait_for_url("**/")
 
 
+# --- the pages' tests (test_pages_*.py) ----------------------------------------
+
+
+@pytest.fixture
+def user(tenant):
+    return make_user("alice", tenant)
+
+
+@pytest.fixture
+def client_for(user):
+    return signed_in(user)
+
+
+@pytest.fixture
+def outsider(other_tenant):
+    return make_user("outsider", other_tenant)

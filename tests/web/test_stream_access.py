@@ -11,7 +11,7 @@ import pytest
 
 from runs.models import Membership, Tenant
 from runs.tokens import token_create, token_revoke
-from tests.runs.test_admin import add_run
+from tests.runs.admin_helpers import add_run
 
 BOUND_S = 15
 
