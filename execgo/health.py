@@ -14,6 +14,8 @@ each worker host announced (kernel, uid, sandbox tools and their versions)
 are for operators: the metrics token or a staff user (runs/web/operators.py).
 """
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync
@@ -55,7 +57,14 @@ def _channel_layer() -> str:
     layer = get_channel_layer()
     if layer is None:
         raise NotReady("no channel layer configured")
-    async_to_sync(layer.send)("readyz.probe", {"type": "readyz.probe"})
+    probe = ("readyz.probe", {"type": "readyz.probe"})
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        async_to_sync(layer.send)(*probe)
+    else:  # called synchronously from a thread whose own event loop runs (a test driving a browser)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(asyncio.run, layer.send(*probe)).result()
     return "ok"
 
 

@@ -3,9 +3,10 @@ needs (database, broker, channel layer, a live worker, beat) and answers
 503 naming the one that fails. Failures are made without stopping anything
 real: a broker on a port nobody listens on, no worker, beat never started.
 The checks by name are the details an operator reads: these tests ask
-with the metrics token (tests/web/test_operator_access.py: who else may, and
+with the metrics token (tests/execgo/test_operator_access.py: who else may, and
 what an anonymous caller gets)."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -159,3 +160,14 @@ def test_database_on_an_unused_port_is_not_ready(tmp_path):
     assert body["checks"]["broker"] == "ok"  # the filesystem broker of the embedded default
     assert "hosts" not in body
     assert "db-password-xyz" not in done.stdout + done.stderr
+
+
+def test_the_channel_layer_check_works_in_a_thread_whose_event_loop_runs():
+    """A synchronous caller inside a running event loop (a test that drives
+    a browser calls the view so) still gets the check, not a RuntimeError."""
+    from execgo import health
+
+    async def called_synchronously_from_a_loop():
+        return health._channel_layer()
+
+    assert asyncio.run(called_synchronously_from_a_loop()) == "ok"
