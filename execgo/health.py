@@ -14,11 +14,8 @@ each worker host announced (kernel, uid, sandbox tools and their versions)
 are for operators: the metrics token or a staff user (runs/web/operators.py).
 """
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
@@ -28,6 +25,7 @@ from django_celery_beat.models import PeriodicTask
 
 from execgo.celery import app as celery_app
 from runs.web.operators import readiness_details_allowed
+from runs.web.sessions import run_to_its_end
 from runtime.models import HostCapacity
 
 SWEEP_TASK = "runs.tasks.sweep_zombie_runs"
@@ -57,14 +55,7 @@ def _channel_layer() -> str:
     layer = get_channel_layer()
     if layer is None:
         raise NotReady("no channel layer configured")
-    probe = ("readyz.probe", {"type": "readyz.probe"})
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        async_to_sync(layer.send)(*probe)
-    else:  # called synchronously from a thread whose own event loop runs (a test driving a browser)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pool.submit(asyncio.run, layer.send(*probe)).result()
+    run_to_its_end(layer.send, "readyz.probe", {"type": "readyz.probe"})
     return "ok"
 
 

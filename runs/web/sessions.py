@@ -235,15 +235,19 @@ def _tell_now(user_ids: list[int] | None) -> None:
         loop.call_soon_threadsafe(session_watch.told, user_ids)
     if isinstance(get_channel_layer(), InMemoryChannelLayer):
         return  # no other process hears an in-memory layer: their periodic check will see it
+    run_to_its_end(_broadcast, user_ids)
+
+
+def run_to_its_end(async_function, *args):
+    """``async_function(*args)`` awaited from synchronous code. A thread
+    whose own event loop runs (e.g. a test driving a browser) cannot wait on
+    a coroutine with ``async_to_sync``: it is run from another thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        async_to_sync(_broadcast)(user_ids)
-        return
-    # A thread with an event loop of its own running (e.g. a test driving a
-    # browser) cannot wait on a coroutine: send from another thread.
+        return async_to_sync(async_function)(*args)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, _broadcast(user_ids)).result()
+        return pool.submit(asyncio.run, async_function(*args)).result()
 
 
 def users_changed(user_ids: list[int] | None) -> None:
