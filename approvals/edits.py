@@ -12,12 +12,12 @@ digest and needs what the larger of the two plans needs (``apply_edit``).
 import copy
 
 from approvals.models import ApprovalRequest, action_digest, plan_version, quorum_of, rated_steps
+from policy.interface import RISK_ORDER, PolicyDecision, evaluate_policy
 from runs.dataplane import bind_rated_plans_of
 from runs.errors import ErrorCode, ExecGoError
 from runs.models import Event, EventType, Run, Step
 from runs.outbox import emit
 from runs.plan_schema import validate_plan
-from runs.policy import RISK_ORDER, PolicyDecision, evaluate_policy
 
 # What an approver may change, per tool.
 EDITABLE = {"shell": ("argv", "script"), "http": ("url",)}

@@ -17,7 +17,8 @@ from django.db import models
 from django.db.models import Max, Q
 
 from approvals.lifecycle import ApprovalStatus, InvalidApprovalTransition, writing_status
-from runs.models import PolicyRule, Run, Step, Tenant
+from policy.models import PolicyRule
+from runs.models import Run, Step, Tenant
 from runs.webhooks import webhook_configured, webhook_notify
 
 APPROVERS_GROUP = "approvers"
@@ -81,7 +82,7 @@ def visible_text(value) -> str:
 def _shown_text(value) -> dict:
     """A text an approver must read in full: its visible form, its size, and
     whether it is over ``EXECGO_APPROVAL_SHOW_MAX_BYTES`` (then only its head
-    is shown, and ``runs.policy`` rates the step at least high: "too large to
+    is shown, and ``policy.evaluation`` rates the step at least high: "too large to
     review")."""
     raw = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True, indent=2)
     size = len(raw.encode())

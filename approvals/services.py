@@ -20,13 +20,13 @@ from django.utils import timezone
 from approvals.edits import apply_edit, edited_steps, rate_edit
 from approvals.lifecycle import ApprovalStatus, request_finish
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, Decision, DecisionKind, action_digest
+from policy.interface import current_policy_version
 from runs.audit import audit
 from runs.closing import run_close
 from runs.dispatch import enqueue_advance
 from runs.errors import ConflictError, DeniedError, ErrorCode, ExecGoError, error_envelope
 from runs.metrics import count_approval_decision
 from runs.models import AuditEvent, Run, Step, Trace, TraceKind
-from runs.policy import current_policy_version
 from runs.selectors import tenant_of
 from runs.statemachine import RunState
 from runs.transitions import TraceRecord, TransitionLost, lock_run, run_transition

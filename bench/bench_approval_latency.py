@@ -64,8 +64,8 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     importlib.import_module("runs.migrations.0003_seed_policy").seed_policy(apps, None)
     # The seeded rules read the parsed command (echo): this one rates the harmless step high, as the tests' does.
-    from runs.models import PolicyRule
-    from runs.policy import policy_rule_save
+    from policy.models import PolicyRule
+    from policy.rules import policy_rule_save
     if not PolicyRule.objects.filter(name="bench-echo-pip-install").exists():
         policy_rule_save(PolicyRule(name="bench-echo-pip-install", tool="shell", field="words",
                                     pattern=r"^echo pip install", outcome="high", priority=1,

@@ -1,5 +1,5 @@
 """What the parsed-command policy adds to POLICY_CHECK per shell step: parsing
-(runs.shell_words) and matching the seeded ``words`` rules, in ms — the
+(policy.shell_words) and matching the seeded ``words`` rules, in ms — the
 median and p95 over the test corpus's commands, and the slowest of a few
 crafted scripts of EXECGO_BUDGET_MAX_COMMAND_CHARS (8192) characters, the
 longest text the policy rates.
@@ -27,8 +27,8 @@ import django  # noqa: E402
 
 django.setup()
 
-from runs.shell_words import parse_argv, parse_script  # noqa: E402
-from tests.runs.test_policy_corpus import BENIGN, CORPUS  # noqa: E402
+from policy.shell_words import parse_argv, parse_script  # noqa: E402
+from tests.policy.test_policy_corpus import BENIGN, CORPUS  # noqa: E402
 
 MAX_CHARS = 8192
 CRAFTED = {

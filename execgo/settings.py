@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "channels",
     "runtime",
     "runs",
+    "policy",
     "approvals",
 ]
 

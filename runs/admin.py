@@ -13,16 +13,13 @@ with the runtime admin, live in ``runtime.admin``).
 
 Every admin here is tenant-scoped or superuser-only (``runs.admin_scope``);
 so are Django's users, registered again below, and the API tokens
-(``runs.admin_tokens``). Changes to tenants, memberships, users, groups and
-policy rules are audited (``runs.admin_audit``).
+(``runs.admin_tokens``). Changes to tenants, memberships, users and groups
+are audited (``runs.admin_audit``); the policy's admin is the policy app's.
 """
 
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
-from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
@@ -30,7 +27,7 @@ from django.utils.html import format_html
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP
 from runs import admin_tokens  # noqa: F401  (registers the API tokens' admin)
 from runs.admin_audit import AuditedAdminMixin, AuditedUserAdminMixin
-from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
+from runs.admin_scope import ReadOnlyAdminMixin, SuperuserOnlyAdmin, TenantScopedAdmin, is_operator, staff_tenant_id
 from runs.errors import ExecGoError
 from runs.models import (
     AuditLog,
@@ -38,22 +35,11 @@ from runs.models import (
     Job,
     Membership,
     MemoryEntry,
-    PolicyRule,
-    PolicyVersion,
     Run,
     Step,
     Tenant,
     Trace,
     WebhookDelivery,
-)
-from runs.plan_schema import KNOWN_TOOLS
-from runs.policy import (
-    ANY_TOOL,
-    policy_rule_delete,
-    policy_rule_save,
-    validate_rule_field,
-    validate_rule_pattern,
-    validate_rule_tool,
 )
 from runs.services import run_cancel
 from runs.statemachine import display_group
@@ -125,21 +111,6 @@ def record_run(record):
         # have rolled back, so there is nothing to link to.
         return f"Run {record.run_id} (not stored)"
     return change_link("run", run.pk, run)
-
-
-class ReadOnlyAdminMixin(PrettyJSONMixin):
-    """No add, change or delete for anyone, superusers included: a superuser
-    passes every ``has_perm`` check, so the permission methods themselves
-    have to say no. JSON columns are shown pretty-printed."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class ReadOnlyInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -470,63 +441,3 @@ class WebhookDeliveryAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdm
     search_fields = ("event", "url")
     list_filter = ("status", "event", "created_at")
     show_full_result_count = False
-
-
-# --- policy -------------------------------------------------------------------
-
-
-class PolicyRuleForm(forms.ModelForm):
-    """Shows a rule that cannot work (bad regex, unknown tool, a field its tool
-    never has) as form errors; the checks are the save service's own."""
-
-    class Meta:
-        model = PolicyRule
-        fields = ("name", "tool", "field", "pattern", "negate", "outcome", "reason", "enabled", "priority")
-        widgets = {"tool": forms.Select(choices=[(tool, tool) for tool in (*KNOWN_TOOLS, ANY_TOOL)])}
-
-    def clean_pattern(self) -> str:
-        validate_rule_pattern(self.cleaned_data["pattern"])
-        return self.cleaned_data["pattern"]
-
-    def clean_tool(self) -> str:
-        return validate_rule_tool(self.cleaned_data["tool"])
-
-    def clean(self):
-        cleaned = super().clean()
-        if "tool" in cleaned and "field" in cleaned:
-            try:
-                validate_rule_field(cleaned["tool"], cleaned["field"])
-            except ValidationError as exc:
-                self.add_error("field", exc)
-        return cleaned
-
-
-@admin.register(PolicyRule)
-class PolicyRuleAdmin(SuperuserOnlyAdmin, AuditedAdminMixin, admin.ModelAdmin):
-    """Every change goes through runs.policy, which bumps the policy version
-    in the same transaction, so a PolicyDecisionTrace names the rules it saw.
-    One policy rates every tenant's runs: it is the operator's."""
-
-    form = PolicyRuleForm
-    list_display = ("name", "tool", "field", "pattern", "negate", "outcome", "enabled", "priority", "updated_at")
-    list_editable = ("enabled", "priority")
-    list_filter = ("outcome", "tool", "enabled", "field")
-    search_fields = ("name", "pattern", "reason")
-    ordering = ("priority", "id")
-    readonly_fields = ("updated_at",)
-
-    def save_model(self, request, obj, form, change):
-        policy_rule_save(obj)
-
-    def delete_model(self, request, obj):
-        policy_rule_delete(obj)
-
-    def delete_queryset(self, request, queryset):
-        with transaction.atomic():
-            for rule in queryset:
-                policy_rule_delete(rule)
-
-
-@admin.register(PolicyVersion)
-class PolicyVersionAdmin(SuperuserOnlyAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("version", "updated_at")

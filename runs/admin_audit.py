@@ -9,7 +9,7 @@ chain of the object's tenant (``audit_tenant_ids``; a global object, such as
 a policy rule or a group, on the no-tenant chain; an object moved from one
 tenant to another, on both). Its data::
 
-    {"model": "runs.policyrule", "object_id": "7", "object_repr": "…",
+    {"model": "policy.policyrule", "object_id": "7", "object_repr": "…",
      "action": "added" | "changed" | "deleted",
      "before": {field: value} | null, "after": {field: value} | null,
      "changed_fields": [...]}

@@ -28,6 +28,7 @@ from django.core.exceptions import FieldDoesNotExist, PermissionDenied
 from django.http import Http404
 
 from runs.models import Tenant
+from runtime.admin import PrettyJSONMixin
 
 
 def is_operator(request) -> bool:
@@ -156,3 +157,18 @@ def scope_site(site: admin.AdminSite) -> None:
         })
         site.unregister(model)
         site.register(model, scoped)
+
+
+class ReadOnlyAdminMixin(PrettyJSONMixin):
+    """No add, change or delete for anyone, superusers included: a superuser
+    passes every ``has_perm`` check, so the permission methods themselves
+    have to say no. JSON columns are shown pretty-printed."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

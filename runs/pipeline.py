@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals import interface as approvals
+from policy.interface import evaluate_policy
 from runs.audit import audit
 from runs.closing import run_cancel_awaiting_approval, run_close
 from runs.context import assemble_context
@@ -22,7 +23,6 @@ from runs.execution import executing_started, run_settle
 from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
 from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
-from runs.policy import evaluate_policy
 from runs.statemachine import RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify

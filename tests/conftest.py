@@ -62,8 +62,8 @@ def echo_pip_install_is_high(db):
     """A harmless command the policy rates high: the approval tests submit
     ``echo pip install …``, which must wait for a human yet do nothing when
     run (the parsed command is ``echo``, which the seeded rules rate low)."""
-    from runs.models import PolicyRule
-    from runs.policy import policy_rule_save
+    from policy.models import PolicyRule
+    from policy.rules import policy_rule_save
 
     policy_rule_save(PolicyRule(name="test-echo-pip-install", tool="shell", field="words", pattern=r"^echo pip install",
                                 outcome="high", reason="stands for a package install in tests", priority=1))
@@ -324,8 +324,8 @@ def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float 
     """Test factory: the pending approval request of a run placed in
     AWAITING_HITL by ``make_run`` (the pipeline opens one on its way there)."""
     from approvals.interface import open_request
-    from runs.models import PolicyRule
-    from runs.policy import current_policy_version
+    from policy.interface import current_policy_version
+    from policy.models import PolicyRule
 
     rule, _ = PolicyRule.objects.get_or_create(
         name=f"test-quorum-{approvals_required}",

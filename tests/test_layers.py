@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("execgo", "runs", "runtime", "approvals")
+PACKAGES = ("execgo", "runs", "policy", "runtime", "approvals")
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -43,6 +43,14 @@ def test_the_tree_keeps_its_contracts():
     # the kernel sends its tasks by name and never imports them
     ("runs.execution", "from runs import tasks  # noqa", "runs reads top-down"),
     ("runtime.capabilities", "from runtime import executor  # noqa", "runtime reads top-down"),
+    # the rules' changes are below the rating that reads them
+    ("policy.rules", "from policy import evaluation  # noqa", "policy reads top-down"),
+    # the kernel calls the policy at POLICY_CHECK, never the other way round
+    ("policy.evaluation", "from runs import pipeline  # noqa", "the policy imports only the kernel's lower modules"),
+    ("policy.shell_words", "from approvals import models  # noqa", "the policy imports only the kernel's lower"),
+    ("runs.pipeline", "from policy import rules  # noqa", "other apps ask the policy only through policy.interface"),
+    ("approvals.edits", "from policy.evaluation import evaluate_policy  # noqa",
+     "other apps ask the policy only through policy.interface"),
     ("runtime.ledger", "from runs import models  # noqa", "Tier 3 (runtime) knows nothing of RunState"),
     ("runtime.ledger", "from execgo import settings  # noqa", "Tier 3 (runtime) knows nothing of RunState"),
 ])

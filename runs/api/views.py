@@ -11,6 +11,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied, ValidationErro
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from policy.interface import policy_dry_run
 from runs.api.schema import ErrorSerializer
 from runs.api.serializers import (
     EventPageSerializer,
@@ -25,7 +26,6 @@ from runs.api.serializers import (
 from runs.dataplane import step_log_path
 from runs.models import Run
 from runs.plan_schema import find_unstorable
-from runs.policy import policy_dry_run
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
 from runs.statemachine import RunState

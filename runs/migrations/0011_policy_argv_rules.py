@@ -19,7 +19,8 @@ import importlib
 from django.db import migrations, models
 from django.db.models import F
 
-SEED_0003 = {rule[0]: rule for rule in importlib.import_module("runs.migrations.0003_seed_policy").SEED_RULES}
+MIGRATION_0003 = importlib.import_module("runs.migrations.0003_seed_policy")
+SEED_0003 = {rule[0]: rule for rule in MIGRATION_0003.SEED_RULES}
 
 SYSTEM_DIRS = r"(?:etc|bin|sbin|usr|lib|lib32|lib64|boot|root|sys|proc|var|opt|srv)"
 NOT_A_DEVICE = r"(?!(?:null|zero|full|random|urandom|stdout|stderr|stdin|tty)(?:\s|$)|fd/)"
@@ -150,13 +151,13 @@ def _columns(rule) -> dict:
 
 
 def _bump(apps) -> None:
-    PolicyVersion = apps.get_model("runs", "PolicyVersion")
+    PolicyVersion = MIGRATION_0003.policy_model(apps, "PolicyVersion")
     PolicyVersion.objects.get_or_create(pk=1, defaults={"version": 1})
     PolicyVersion.objects.filter(pk=1).update(version=F("version") + 1)
 
 
 def _move(apps, *, towards_words: bool) -> None:
-    PolicyRule = apps.get_model("runs", "PolicyRule")
+    PolicyRule = MIGRATION_0003.policy_model(apps, "PolicyRule")
     changed = False
     for rule in WORD_RULES:
         name = rule[0]

@@ -1,8 +1,7 @@
-"""The kernel's tables: runs and their steps (``run``), the policy
-(``policy``), what runs leave behind (``records``), the outgoing
-webhooks (``webhooks``) and API tokens (``tokens``)."""
+"""The kernel's tables: runs and their steps (``run``), what runs leave
+behind (``records``), the outgoing webhooks (``webhooks``) and API tokens
+(``tokens``). The policy's tables are the policy app's (``policy.models``)."""
 
-from runs.models.policy import PolicyRule, PolicyVersion, RiskLevel
 from runs.models.records import (
     FINAL_AUDIT_EVENT,
     AuditChainHead,
@@ -22,6 +21,6 @@ from runs.models.webhooks import WebhookDelivery, WebhookStatus
 __all__ = [
     "CALLBACK_EVENTS", "ApiToken",
     "FINAL_AUDIT_EVENT", "AuditChainHead", "AuditEvent", "AuditLog", "Dispatch", "Event", "EventType", "Job", "JobStatus", "Membership",
-    "MemoryEntry", "PolicyRule", "PolicyVersion", "RiskLevel", "Run", "Step", "StepRunStatus", "StepStatus",
+    "MemoryEntry", "Run", "Step", "StepRunStatus", "StepStatus",
     "Tenant", "Trace", "TraceKind", "WebhookDelivery", "WebhookStatus",
 ]

@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from approvals.interface import open_request
 from approvals.models import ApprovalRequest, Decision
+from policy.interface import evaluate_policy
 from runs.models import Job, Run, Step
-from runs.policy import evaluate_policy
 
 ENVELOPE_KEYS = {"code", "message", "retryable", "source", "details"}
 PACKAGE_INSTALL_REASON = "shell-package-install: installs packages (changes the host, runs third-party install scripts)"

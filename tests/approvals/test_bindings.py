@@ -5,9 +5,10 @@ through the API, and the edited plan is exactly what runs."""
 import pytest
 
 from approvals.models import ApprovalRequest, Decision
-from runs.models import AuditLog, PolicyRule, Run
+from policy.models import PolicyRule
+from policy.rules import policy_rule_save
+from runs.models import AuditLog, Run
 from runs.pipeline import run_advance
-from runs.policy import policy_rule_save
 from runs.services import run_submit
 from tests.conftest import make_user, simple_plan, token_client, wait_for_run
 from tests.runs.test_llm_planner import plan_reply, serving_planner

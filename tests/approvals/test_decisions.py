@@ -25,10 +25,13 @@ from approvals.models import (
     shown_action,
 )
 from approvals.services import approval_decide, approval_expire
+from policy.baseline import baseline_reasons, plan_baseline
+from policy.interface import current_policy_version
+from policy.models import PolicyRule
+from policy.rules import policy_rule_save
 from runs.dispatch import ADVANCE_RUN
 from runs.errors import ConflictError, DeniedError
-from runs.models import AuditLog, Job, PolicyRule, Run, Step, Trace
-from runs.policy import baseline_reasons, current_policy_version, plan_baseline, policy_rule_save
+from runs.models import AuditLog, Job, Run, Step, Trace
 from runs.services import run_cancel
 from runtime.plan_resolver import resolve_plan
 from tests.approvals.decisions_helpers import (

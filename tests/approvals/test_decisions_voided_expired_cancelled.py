@@ -11,9 +11,11 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, Decision
 from approvals.services import approval_decide, approval_expire
+from policy.interface import current_policy_version
+from policy.models import PolicyRule
+from policy.rules import policy_rule_save
 from runs.errors import ConflictError
-from runs.models import PolicyRule, Run, Step, Trace
-from runs.policy import current_policy_version, policy_rule_save
+from runs.models import Run, Step, Trace
 from runs.services import run_cancel
 from runs.sweeper import sweep_run
 from tests.approvals.decisions_helpers import (

@@ -6,6 +6,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
+from policy.models import PolicyRule, PolicyVersion
 from runs.models import (
     AuditLog,
     Event,
@@ -13,8 +14,6 @@ from runs.models import (
     Job,
     Membership,
     MemoryEntry,
-    PolicyRule,
-    PolicyVersion,
     Run,
     Step,
     Tenant,

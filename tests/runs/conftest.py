@@ -2,7 +2,7 @@ import pytest
 from django.utils import timezone
 
 from runs.dataplane import current_host, new_handle_id, resolve_step_plan
-from runs.models import Run, Step, StepRunStatus, StepStatus
+from runs.models import Step, StepRunStatus, StepStatus
 from tests.runs.admin_helpers import add_run
 
 
@@ -11,23 +11,6 @@ def run(tenant, agent):
     """The run of the Django admin's tests (test_admin_*.py): EXECUTING, with
     one step, trace, audit row and event (admin_helpers.add_run)."""
     return add_run(tenant, agent, "EXECUTING", title="nightly backup")
-
-
-@pytest.fixture
-def run_with(make_run):
-    """A run in POLICY_CHECK holding ``steps`` (s0, s1, … in plan order)."""
-
-    def factory(*steps: dict, timeout_s: int = 600) -> Run:
-        run = make_run("POLICY_CHECK", previous_state="PLANNING", timeout_s=timeout_s)
-        Step.objects.bulk_create(
-            Step(run=run, step_id=f"s{position}", position=position, tool=step["tool"], params=step["params"],
-                 timeout_s=step.get("timeout_s", 10), retries=step.get("retries", 0),
-                 depends_on=step.get("depends_on", []), requested_plan=step.get("sandbox", {}))
-            for position, step in enumerate(steps)
-        )
-        return run
-
-    return factory
 
 
 def start_attempt(step: Step, *, attempt: int = 1) -> Step:

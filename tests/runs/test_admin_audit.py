@@ -11,7 +11,8 @@ from django.contrib.auth.models import Group, Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from runs.models import AuditEvent, AuditLog, Membership, PolicyRule
+from policy.models import PolicyRule
+from runs.models import AuditEvent, AuditLog, Membership
 from runs.reconcile import audit_chain_breaks
 from tests.conftest import make_user
 from tests.runs.test_audit_chain import manage, verify_offline
@@ -40,23 +41,23 @@ RULE_FORM = {"name": "no-curl", "tool": "shell", "field": "argv", "pattern": r"\
 
 
 def test_a_rule_added_changed_and_deleted_in_the_admin_is_audited(operator_client, operator):
-    added = operator_client.post(reverse("admin:runs_policyrule_add"), RULE_FORM)
+    added = operator_client.post(reverse("admin:policy_policyrule_add"), RULE_FORM)
     assert added.status_code == 302, added.content
     rule = PolicyRule.objects.get(name="no-curl")
 
-    changed = operator_client.post(reverse("admin:runs_policyrule_change", args=[rule.pk]),
+    changed = operator_client.post(reverse("admin:policy_policyrule_change", args=[rule.pk]),
                                    {**RULE_FORM, "outcome": "deny", "priority": "3"})
     assert changed.status_code == 302
-    unchanged = operator_client.post(reverse("admin:runs_policyrule_change", args=[rule.pk]),
+    unchanged = operator_client.post(reverse("admin:policy_policyrule_change", args=[rule.pk]),
                                      {**RULE_FORM, "outcome": "deny", "priority": "3"})
     assert unchanged.status_code == 302  # saved again with nothing changed: no row
-    deleted = operator_client.post(reverse("admin:runs_policyrule_delete", args=[rule.pk]), {"post": "yes"})
+    deleted = operator_client.post(reverse("admin:policy_policyrule_delete", args=[rule.pk]), {"post": "yes"})
     assert deleted.status_code == 302 and not PolicyRule.objects.filter(pk=rule.pk).exists()
 
     rows = admin_rows(tenant__isnull=True)
     assert [row.data["action"] for row in rows] == ["added", "changed", "deleted"]
     assert all(row.actor_id == operator.pk and row.caller == "admin" and row.run_id is None for row in rows)
-    assert all(row.data["model"] == "runs.policyrule" and row.data["object_id"] == str(rule.pk) for row in rows)
+    assert all(row.data["model"] == "policy.policyrule" and row.data["object_id"] == str(rule.pk) for row in rows)
     add, change, delete = (row.data for row in rows)
     assert add["before"] is None and add["after"]["pattern"] == r"\bcurl\b" and add["after"]["outcome"] == "high"
     assert change["changed_fields"] == ["outcome", "priority"]
@@ -75,11 +76,11 @@ def test_the_lists_inline_edit_and_the_delete_action_are_audited(operator_client
         listing.update({f"form-{index}-id": str(rule.pk), f"form-{index}-priority": str(rule.priority),
                         f"form-{index}-enabled": "on"})
     listing["form-1-priority"] = "40"
-    assert operator_client.post(reverse("admin:runs_policyrule_changelist"), listing).status_code == 302
+    assert operator_client.post(reverse("admin:policy_policyrule_changelist"), listing).status_code == 302
     [edit] = admin_rows()
     assert edit.data["object_id"] == str(rules[1].pk) and edit.data["changed_fields"] == ["priority"]
 
-    action = operator_client.post(reverse("admin:runs_policyrule_changelist"), {
+    action = operator_client.post(reverse("admin:policy_policyrule_changelist"), {
         "action": "delete_selected", "_selected_action": [str(rule.pk) for rule in rules], "post": "yes"})
     assert action.status_code == 302 and not PolicyRule.objects.filter(pk__in=[rule.pk for rule in rules]).exists()
     assert sorted(row.data["object_id"] for row in admin_rows() if row.data["action"] == "deleted") == sorted(
@@ -162,9 +163,9 @@ def test_the_no_tenant_export_verifies_and_holds_the_rule_edit(tmp_path):
     operator = User.objects.create_superuser("operator", password="pw-operator")
     client = Client()
     client.force_login(operator)
-    assert client.post(reverse("admin:runs_policyrule_add"), RULE_FORM).status_code == 302
+    assert client.post(reverse("admin:policy_policyrule_add"), RULE_FORM).status_code == 302
     rule = PolicyRule.objects.get(name="no-curl")
-    assert client.post(reverse("admin:runs_policyrule_change", args=[rule.pk]),
+    assert client.post(reverse("admin:policy_policyrule_change", args=[rule.pk]),
                        {**RULE_FORM, "pattern": r"\b(curl|wget)\b"}).status_code == 302
 
     export = tmp_path / "installation.jsonl"

@@ -318,7 +318,7 @@ def test_history_of_alpha_objects_stays_hidden(staff_client, operator, alpha, br
 
 def test_superuser_only_models_are_closed_to_tenant_staff(staff_client, alpha, bravo):
     closed = [model for model, model_admin in registered() if isinstance(model_admin, SuperuserOnlyAdmin)]
-    assert {model._meta.label for model in closed} >= {"auth.Group", "runs.PolicyRule", "runtime.HostCapacity",
+    assert {model._meta.label for model in closed} >= {"auth.Group", "policy.PolicyRule", "runtime.HostCapacity",
                                                        "django_celery_beat.PeriodicTask", "axes.AccessAttempt"}
     group = Group.objects.get(name="agents")
     for model in closed:

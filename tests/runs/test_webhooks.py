@@ -18,10 +18,11 @@ from django.urls import reverse
 
 from approvals.models import APPROVERS_GROUP, ApprovalRequest
 from approvals.services import approval_decide, approval_expire
+from policy.models import PolicyRule
+from policy.rules import policy_rule_save
 from runs.errors import ConflictError
-from runs.models import AuditLog, PolicyRule, Run, WebhookDelivery, WebhookStatus
+from runs.models import AuditLog, Run, WebhookDelivery, WebhookStatus
 from runs.pipeline import run_advance
-from runs.policy import policy_rule_save
 from runs.services import run_submit
 from runs.webhooks import WebhookFailed, retry_delay, verify, webhook_deliver, webhook_notify
 from tests.conftest import WorkerProcess, make_user, purge_broker, wait_for_run, wait_until

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from policy.baseline import baseline_reasons, plan_baseline
 from runs.dataplane import rated_part, weaker_than_rated
-from runs.policy import baseline_reasons, plan_baseline
 from runtime import executor, launcher
 from runtime.envelopes import EnvelopeError
 from runtime.plan_resolver import resolve_plan

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from runs.policy import plan_baseline
+from policy.baseline import plan_baseline
 from runtime import attach, executor, forkserver, launcher, layout, syscall_filter
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError

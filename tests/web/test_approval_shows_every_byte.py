@@ -8,9 +8,9 @@ import pytest
 from django.utils import timezone
 
 from approvals.interface import open_request
+from policy.interface import evaluate_policy
 from runs.dataplane import bind_rated_plans_of
 from runs.models import Step
-from runs.policy import evaluate_policy
 from tests.conftest import token_client
 from tests.web.conftest import PASSWORD, log_in, screenshot
 

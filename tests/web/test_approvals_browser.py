@@ -10,8 +10,8 @@ from playwright.sync_api import expect
 
 from approvals.interface import open_request
 from approvals.models import ApprovalRequest
+from policy.interface import evaluate_policy
 from runs.models import AuditLog, Job, Run, Step
-from runs.policy import evaluate_policy
 from tests.conftest import make_user, token_client, wait_for_run, wait_until
 from tests.web.conftest import PASSWORD, log_in, screenshot
 

@@ -6,11 +6,13 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from runs.models import AuditLog, PolicyRule, PolicyVersion, Run, TraceKind
+from policy.interface import current_policy_version, evaluate_policy
+from policy.models import PolicyRule, PolicyVersion
+from policy.rules import policy_rule_delete, policy_rule_save
+from runs.models import AuditLog, Run, TraceKind
 from runs.pipeline import run_advance
-from runs.policy import current_policy_version, evaluate_policy, policy_rule_delete, policy_rule_save
 from runs.services import run_submit
-from tests.runs.policy_steps import SEEDED, http, shell
+from tests.policy.policy_steps import SEEDED, http, shell
 
 # --- rule changes bump the policy version ---------------------------------------------------
 
@@ -72,7 +74,7 @@ def rule_form(rule: PolicyRule, **changes) -> dict:
 
 
 def rule_change_url(rule: PolicyRule) -> str:
-    return reverse("admin:runs_policyrule_change", args=[rule.pk])
+    return reverse("admin:policy_policyrule_change", args=[rule.pk])
 
 
 @pytest.mark.django_db
@@ -124,7 +126,7 @@ def test_admin_add_list_edit_and_delete_bump_the_version(seeded_policy, admin_cl
     before = current_policy_version()
     template = PolicyRule(name="no-docker", tool="shell", field="command", pattern=r"\bdocker\b", outcome="high",
                           reason="containers need review", priority=100, enabled=True)
-    response = admin_client.post(reverse("admin:runs_policyrule_add"), rule_form(template))
+    response = admin_client.post(reverse("admin:policy_policyrule_add"), rule_form(template))
     assert response.status_code == 302, response.content[-3000:]
     rule = PolicyRule.objects.get(name="no-docker")
     assert current_policy_version() == before + 1
@@ -137,18 +139,18 @@ def test_admin_add_list_edit_and_delete_bump_the_version(seeded_policy, admin_cl
         changelist[f"form-{index}-priority"] = row.priority
         if row.enabled and row.pk != rule.pk:
             changelist[f"form-{index}-enabled"] = "on"
-    response = admin_client.post(reverse("admin:runs_policyrule_changelist"), changelist)
+    response = admin_client.post(reverse("admin:policy_policyrule_changelist"), changelist)
     assert response.status_code == 302, response.content[-3000:]
     assert PolicyRule.objects.get(pk=rule.pk).enabled is False
     assert current_policy_version() == before + 2
 
-    response = admin_client.post(reverse("admin:runs_policyrule_delete", args=[rule.pk]), {"post": "yes"})
+    response = admin_client.post(reverse("admin:policy_policyrule_delete", args=[rule.pk]), {"post": "yes"})
     assert response.status_code == 302
     assert not PolicyRule.objects.filter(pk=rule.pk).exists()
     assert current_policy_version() == before + 3
 
     doomed = list(PolicyRule.objects.filter(name__in=["shell-chown", "shell-mkfs"]).values_list("pk", flat=True))
-    response = admin_client.post(reverse("admin:runs_policyrule_changelist"), {
+    response = admin_client.post(reverse("admin:policy_policyrule_changelist"), {
         "action": "delete_selected", "_selected_action": doomed, "post": "yes",
     })
     assert response.status_code == 302
@@ -159,11 +161,11 @@ def test_admin_add_list_edit_and_delete_bump_the_version(seeded_policy, admin_cl
 @pytest.mark.django_db
 def test_policy_version_is_read_only_in_the_admin(seeded_policy, admin_client):
     version = PolicyVersion.objects.get(pk=1)
-    page = admin_client.get(reverse("admin:runs_policyversion_change", args=[1]))
+    page = admin_client.get(reverse("admin:policy_policyversion_change", args=[1]))
     assert page.status_code == 200
-    assert admin_client.post(reverse("admin:runs_policyversion_change", args=[1]), {"version": 99}).status_code == 403
+    assert admin_client.post(reverse("admin:policy_policyversion_change", args=[1]), {"version": 99}).status_code == 403
     assert PolicyVersion.objects.get(pk=1).version == version.version
-    listing = admin_client.get(reverse("admin:runs_policyrule_changelist"), {"outcome__exact": "deny"})
+    listing = admin_client.get(reverse("admin:policy_policyrule_changelist"), {"outcome__exact": "deny"})
     assert {rule.name for rule in listing.context["cl"].result_list} == {
         name for name, rule in SEEDED.items() if rule[5] == "deny"
     }

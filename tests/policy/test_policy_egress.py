@@ -62,7 +62,7 @@ def test_an_internal_destination_is_denied_by_evaluate(api, url, address, kind):
 
 @pytest.mark.django_db
 def test_the_denial_names_the_address_and_class(tenant):
-    from runs.policy import policy_dry_run
+    from policy.interface import policy_dry_run
 
     decision = policy_dry_run(plan=plan("http://2130706433/"), tenant=tenant)
     assert decision.data["rejected_by"] == "egress"

@@ -7,9 +7,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db.migrations.recorder import MigrationRecorder
 
-from runs.models import PolicyRule, PolicyVersion
-from runs.policy import current_policy_version, evaluate_policy, policy_rule_save
-from tests.runs.policy_steps import SEEDED, file, http, seed_migration, shell, word_rules_migration
+from policy.interface import current_policy_version, evaluate_policy
+from policy.models import PolicyRule, PolicyVersion
+from policy.rules import policy_rule_save
+from tests.policy.policy_steps import SEEDED, file, http, seed_migration, shell, word_rules_migration
 
 
 def matched(decision, step_id: str | None = None) -> list[str]:

@@ -1,4 +1,7 @@
-"""The policy's rules and their version."""
+"""The policy's rules and their version.
+
+Both tables keep the names they had when the policy lived in the ``runs``
+app (``policy/migrations/0001_initial.py`` moved the models, not the rows)."""
 
 from django.db import models
 
@@ -12,14 +15,14 @@ class RiskLevel(models.TextChoices):
 
 class PolicyRule(models.Model):
     """Matches a tool call to a risk. Changed only through
-    ``runs.policy.policy_rule_save`` / ``policy_rule_delete``, which bump the
+    ``policy.rules.policy_rule_save`` / ``policy_rule_delete``, which bump the
     policy version in the same transaction."""
 
     class Field(models.TextChoices):
         ARGV = "argv"  # the shell command line, argv joined by spaces
         SCRIPT = "script"
         COMMAND = "command"  # argv or script, whichever the step has
-        # Each simple command of the parsed argv or script (runs.shell_words):
+        # Each simple command of the parsed argv or script (policy.shell_words):
         # normalised words, then redirections; and each pipeline as "a | b".
         WORDS = "words"
         URL = "url"
@@ -43,6 +46,7 @@ class PolicyRule(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "runs_policyrule"
         ordering = ["priority", "id"]
 
     def __str__(self) -> str:
@@ -54,6 +58,9 @@ class PolicyVersion(models.Model):
 
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "runs_policyversion"
 
     def __str__(self) -> str:
         return f"policy v{self.version}"

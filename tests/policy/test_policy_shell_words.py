@@ -1,10 +1,10 @@
-"""runs.shell_words: the simple commands a policy rule sees, normalised, and
+"""policy.shell_words: the simple commands a policy rule sees, normalised, and
 the signals of what the parser cannot resolve. Only text is parsed here;
 nothing is executed."""
 
 import pytest
 
-from runs.shell_words import INLINE_CODE, UNRESOLVABLE, parse_argv, parse_script
+from policy.shell_words import INLINE_CODE, UNRESOLVABLE, parse_argv, parse_script
 
 
 @pytest.mark.parametrize(("script", "texts"), [

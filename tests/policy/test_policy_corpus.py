@@ -9,10 +9,10 @@ so a rule that fails cannot run a destructive command on this machine.
 
 import pytest
 
-from runs.models import PolicyRule
-from runs.policy import policy_dry_run
+from policy.interface import policy_dry_run
+from policy.models import PolicyRule
 from runtime.capabilities import capability_manifest
-from tests.runs.policy_steps import SANDBOXED
+from tests.policy.policy_steps import SANDBOXED
 
 # Reasons of the parser's signals, exactly as the trace states them.
 QUOTED_SUDO = "unresolvable: the command word is spelt with quotes or escapes (s''udo is sudo)"

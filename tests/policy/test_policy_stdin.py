@@ -9,9 +9,9 @@ service behind ``POST /api/v1/policy/evaluate``): nothing here is run.
 
 import pytest
 
-from runs.models import RiskLevel
-from runs.policy import RISK_ORDER, policy_dry_run
-from tests.runs.policy_steps import SANDBOXED
+from policy.interface import RISK_ORDER, policy_dry_run
+from policy.models import RiskLevel
+from tests.policy.policy_steps import SANDBOXED
 
 SHELL_TEXTS = [
     "sudo id",

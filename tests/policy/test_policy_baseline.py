@@ -8,13 +8,14 @@ from django.test import Client
 from django.utils.html import escape
 
 from approvals.models import ApprovalRequest
+from policy.baseline import baseline_reasons, plan_baseline, step_baseline
+from policy.interface import policy_dry_run
 from runs.models import Step
 from runs.pipeline import run_advance
-from runs.policy import baseline_reasons, plan_baseline, policy_dry_run, step_baseline
 from runs.services import run_submit
 from runtime.capabilities import capability_manifest
 from tests.conftest import make_user
-from tests.runs.policy_steps import SANDBOXED
+from tests.policy.policy_steps import SANDBOXED
 
 LIMITS = {"cpu_seconds": None, "address_space_bytes": None, "file_size_bytes": None, "open_files": 1024,
           "processes": 64, "workspace_bytes": None, "log_cap_bytes": 8 << 20}
