@@ -77,7 +77,7 @@ lint: export DJANGO_DEBUG ?= true
 lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/ruff check execgo runs approvals runtime tests bench client
+	$(BIN)/ruff check execgo runs policy approvals pages runtime tests bench client
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_run_latency.py

@@ -1,5 +1,5 @@
 """What keeping websockets to their sessions costs: one check of every
-socket of a web process (runs/web/sessions.py ``verdicts``), the queries it
+socket of a web process (runs/sessions.py ``verdicts``), the queries it
 makes and its median and p95 time, for a process holding ``--sockets``
 sockets of ``--users`` signed-in users. A web process makes this check every
 ``EXECGO_WS_RECHECK_S`` (1 s), whatever its number of sockets.
@@ -44,7 +44,7 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext
 
     from runs.models import Membership, Tenant
-    from runs.web.sessions import grant_for, verdicts
+    from runs.sessions import grant_for, verdicts
 
     tenant = Tenant.objects.create(name=f"bench-ws-{time.time_ns()}")
     approvers, _ = Group.objects.get_or_create(name="approvers")

@@ -13,8 +13,8 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from pages.routing import websocket_urlpatterns  # noqa: E402
 from runs.api.routing import waiting_urlpatterns  # noqa: E402
-from runs.web.routing import websocket_urlpatterns  # noqa: E402
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.EXECGO_SERVE_STATIC else django_asgi_app
 

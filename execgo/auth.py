@@ -96,7 +96,7 @@ class LoginThrottleMiddleware:
     """Holds back a login POST for a username under a spray of failures.
 
     Under Daphne it runs asynchronously (every middleware below it can, see
-    ``execgo.logs.RequestContextMiddleware``; tests/web/test_login_lockout.py
+    ``execgo.logs.RequestContextMiddleware``; tests/pages/test_login_lockout.py
     holds that): there every synchronous view of a process runs on one
     thread, so a ``time.sleep`` would hold up every page of every user, and
     the attacker's failures would slow the whole site, while an

@@ -11,7 +11,7 @@ Anyone may ask whether the service is ready (a load balancer, an
 orchestrator's probe) and gets only that: ``{"status": "ready"}`` or
 ``{"status": "not ready"}``. The checks by name, their errors and what
 each worker host announced (kernel, uid, sandbox tools and their versions)
-are for operators: the metrics token or a staff user (runs/web/operators.py).
+are for operators: the metrics token or a staff user (runs/operators.py).
 """
 
 from datetime import timedelta
@@ -24,8 +24,8 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from execgo.celery import app as celery_app
-from runs.web.operators import readiness_details_allowed
-from runs.web.sessions import run_to_its_end
+from runs.operators import readiness_details_allowed
+from runs.sessions import run_to_its_end
 from runtime.models import HostCapacity
 
 SWEEP_TASK = "runs.tasks.sweep_zombie_runs"

@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "runs",
     "policy",
     "approvals",
+    "pages",
 ]
 
 MIDDLEWARE = [
@@ -85,7 +86,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "runs.web.context.navigation",
+                "pages.context.navigation",
             ],
         },
     },
@@ -311,7 +312,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # The live pages' groups: each web process tails the outbox itself and sends
-# to its own websockets, so this layer never crosses processes (runs/web/relay.py).
+# to its own websockets, so this layer never crosses processes (runs/relay.py).
 CHANNEL_LAYERS["relay"] = {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 # How often the relay reads the outbox when nothing woke it (PostgreSQL
 # wakes it by NOTIFY at every commit), how often while it waits on a hole

@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from approvals import api as approvals_api
 from execgo import health
 from runs.api import errors as api_errors
-from runs.web.metrics import metrics_view
+from runs.metrics_view import metrics_view
 
 # Under /api/ Django's own error pages are the API's error envelope.
 handler400 = api_errors.bad_request
@@ -33,5 +33,5 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", include("runs.web.urls")),
+    path("", include("pages.urls")),
 ]

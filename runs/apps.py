@@ -32,7 +32,7 @@ class RunsConfig(AppConfig):
         pre_delete.connect(revoke_tokens_of_deleted_user, sender=get_user_model(),
                            dispatch_uid="execgo-revoke-deleted-users-tokens")
 
-        from runs.web.sessions import connect_signals
+        from runs.sessions import connect_signals
 
         # Tells the live pages' websockets to check their sessions again.
         connect_signals()

@@ -1,5 +1,5 @@
 """What /metrics counts in the processes (prometheus_client, multiprocess
-mode); the exposition is ``runs.web.metrics``.
+mode); the exposition is ``runs.metrics_view``.
 
 Each process, web or worker or pool child, writes its own files under
 ``EXECGO_METRICS_DIR`` (set as ``PROMETHEUS_MULTIPROC_DIR`` by the

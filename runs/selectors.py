@@ -52,7 +52,7 @@ def run_in_tenant(run_id: int, tenant_id: int) -> bool:
 def events_for_live_scope(scope: str, *, tenant_id: int, run_id: int | None, after: int, upto: int,
                           limit: int) -> list[dict]:
     """What a live page missed: the events in (after, upto] it subscribes to
-    (see ``runs.web.relay.groups_for``), oldest first."""
+    (see ``runs.relay.groups_for``), oldest first."""
     events = Event.objects.filter(pk__gt=after, pk__lte=upto)
     if scope == "run":
         events = events.filter(run_id=run_id, run__tenant_id=tenant_id)

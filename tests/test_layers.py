@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("execgo", "runs", "policy", "runtime", "approvals")
+PACKAGES = ("execgo", "runs", "policy", "pages", "runtime", "approvals")
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -43,6 +43,9 @@ def test_the_tree_keeps_its_contracts():
     # the kernel sends its tasks by name and never imports them
     ("runs.execution", "from runs import tasks  # noqa", "runs reads top-down"),
     ("runtime.capabilities", "from runtime import executor  # noqa", "runtime reads top-down"),
+    # the relay is the kernel's: the pages and the API use it, it uses neither
+    ("runs.relay", "from pages import consumers  # noqa", "no app imports the pages"),
+    ("pages.dag", "from pages import views  # noqa", "pages reads top-down"),
     # the rules' changes are below the rating that reads them
     ("policy.rules", "from policy import evaluation  # noqa", "policy reads top-down"),
     # the kernel calls the policy at POLICY_CHECK, never the other way round

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("execgo", "runs", "policy", "approvals", "runtime", "client", "tools")
+APPS = ("execgo", "runs", "policy", "approvals", "pages", "runtime", "client", "tools")
 EXCLUDED_DIRS = {"migrations", "__pycache__"}
 PATH_TOKEN = re.compile(r"^[\w.-]+(?:/[\w.-]+)*(?:\.py|/)$")
 

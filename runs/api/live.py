@@ -1,7 +1,7 @@
 """The API's waiting views, async so a waiting client holds no thread:
 ``runs/{id}/wait`` returns when the run reaches a kind of state (or at the
 timeout), ``runs/{id}/stream`` is one SSE event per outbox row. Both are
-woken by this web process's outbox relay (runs/web/relay.py), not by a
+woken by this web process's outbox relay (runs/relay.py), not by a
 sleep loop per request.
 
 They are Channels HTTP consumers routed before Django's middleware
@@ -27,11 +27,11 @@ from django.core.serializers.json import DjangoJSONEncoder
 from runs.api.serializers import RunSerializer
 from runs.errors import ErrorCode, error_envelope
 from runs.models import Event, EventType, Run
+from runs.relay import event_payload, relay
 from runs.selectors import LIVE_EVENT_FIELDS, runs_for_user
+from runs.sessions import grant_for, verdicts
 from runs.statemachine import FINAL, RunState
 from runs.tokens import token_authenticate
-from runs.web.relay import event_payload, relay
-from runs.web.sessions import grant_for, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ async def _authenticate(scope):
 
 def _credential(scope, user, run_id: int):
     """What let this request in, to check again while a stream lasts: the
-    token's key, or the session's grant (runs.web.sessions)."""
+    token's key, or the session's grant (runs.sessions)."""
     header = _headers(scope).get("authorization", "")
     if header.startswith("Token "):
         return ("token", header[len("Token "):].strip())

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 
 from tests.conftest import _worker_env
-from tests.web.conftest import DaphneServer
+from tests.pages.conftest import DaphneServer
 
 NOWHERE_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, make_token
-from tests.web.conftest import _stop_daphne_at_exit, live_web  # noqa: F401
+from tests.pages.conftest import _stop_daphne_at_exit, live_web  # noqa: F401
 
 CLIENT_DIR = ROOT / "client"
 if str(CLIENT_DIR) not in sys.path:

@@ -23,13 +23,16 @@ from runs.models import (
 )
 from runs.tokens import token_create
 
+# The models of one_of_each that are not the runs app's.
+APP_OF = {"policyrule": "policy", "policyversion": "policy"}
+
 
 def changelist(model_name: str) -> str:
-    return reverse(f"admin:runs_{model_name}_changelist")
+    return reverse(f"admin:{APP_OF.get(model_name, 'runs')}_{model_name}_changelist")
 
 
 def change_url(obj) -> str:
-    return reverse(f"admin:runs_{obj._meta.model_name}_change", args=[obj.pk])
+    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
 
 
 def result_pks(response) -> list[int]:

@@ -1,4 +1,4 @@
-"""The Django admin's pages of the runs app: every model is registered,
+"""The Django admin's pages of the runs and policy apps: every model is registered,
 every changelist and change page opens for a superuser, a run's page shows
 its steps, traces and audit rows read-only, an audit row naming a missing
 run still renders, and no changelist makes more queries for more rows."""
@@ -13,20 +13,22 @@ from tests.conftest import make_user
 from tests.runs.admin_helpers import add_run, change_url, changelist, one_of_each, result_pks
 
 RUNS_MODELS = {"tenant", "membership", "job", "run", "step", "trace", "auditlog", "event", "memoryentry",
-               "policyrule", "policyversion", "webhookdelivery", "apitoken"}
+               "webhookdelivery", "apitoken"}
+POLICY_MODELS = {"policyrule", "policyversion"}
 
 
 # --- every page opens ----------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_every_runs_model_is_registered():
-    registered = {model._meta.model_name for model in admin.site._registry if model._meta.app_label == "runs"}
-    assert registered == RUNS_MODELS
+def test_every_runs_and_policy_model_is_registered():
+    for app_label, models in (("runs", RUNS_MODELS), ("policy", POLICY_MODELS)):
+        registered = {model._meta.model_name for model in admin.site._registry if model._meta.app_label == app_label}
+        assert registered == models
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("model_name", sorted(RUNS_MODELS))
+@pytest.mark.parametrize("model_name", sorted(RUNS_MODELS | POLICY_MODELS))
 def test_superuser_opens_changelist_and_change_page(admin_client, run, model_name):
     obj = one_of_each(run)[model_name]
 
@@ -72,7 +74,7 @@ def test_audit_row_naming_a_missing_run_still_renders(admin_client, tenant):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("model_name", sorted(RUNS_MODELS))
+@pytest.mark.parametrize("model_name", sorted(RUNS_MODELS | POLICY_MODELS))
 def test_changelist_query_count_does_not_grow_with_rows(admin_client, tenant, model_name):
     def populate(first: int, count: int) -> None:
         for index in range(first, first + count):

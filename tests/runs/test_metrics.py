@@ -16,11 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.services import approval_decide
 from runs import metrics
+from runs import metrics_view as exposition
 from runs.metrics import EVENTS_RELAYED
 from runs.models import AuditEvent, AuditLog, Event, EventType, Run
+from runs.relay import OutboxRelay
 from runs.statemachine import RunState
-from runs.web import metrics as exposition
-from runs.web.relay import OutboxRelay
 from runtime import ledger
 from tests.conftest import ROOT, make_user, open_approval, wait_for_run
 

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from runs.models import Run
 from tests.conftest import token_client, wait_for_run, wait_until
-from tests.web.conftest import PASSWORD, log_in, screenshot
+from tests.pages.conftest import PASSWORD, log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

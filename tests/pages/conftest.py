@@ -13,7 +13,7 @@ from django.conf import settings
 from django.test import Client, override_settings
 
 from tests.conftest import ROOT, _worker_env, free_port, make_user
-from tests.web.pages_helpers import signed_in
+from tests.pages.pages_helpers import signed_in
 
 # Playwright's sync API runs an event loop in the test's thread; the ORM
 # calls of the tests themselves are still plain synchronous ones.

@@ -8,7 +8,7 @@ cursor and the live stream is everything after it, so a reconnecting
 client gets every event once, in order.
 
 A socket lasts as long as its session and its user's access: the process's
-session watch (runs/web/sessions.py) closes it with 4401 or 4403 within
+session watch (runs/sessions.py) closes it with 4401 or 4403 within
 about ``EXECGO_WS_RECHECK_S`` of a logout, a password change, a
 deactivation, a change of tenant or, on the approvals stream, a removal
 from the approvers group.
@@ -19,9 +19,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from runs.relay import RELAY_LAYER, approvals_group, event_payload, relay, run_group, runs_group
 from runs.selectors import events_for_live_scope, run_in_tenant, tenant_of
-from runs.web.relay import RELAY_LAYER, approvals_group, event_payload, relay, run_group, runs_group
-from runs.web.sessions import grant_for, session_watch, verdicts
+from runs.sessions import grant_for, session_watch, verdicts
 
 # Past this many missed events a client reloads the page instead.
 BACKLOG_LIMIT = 2000

@@ -39,8 +39,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from runs.models import AuditEvent, AuditLog, Run, Step
+from runs.operators import metrics_allowed, refused
 from runs.statemachine import FINAL, FINAL_STATE_FOR_CAUSE, RunState
-from runs.web.operators import metrics_allowed, refused
 from runtime.models import HostCapacity
 
 # --- Read from the database at scrape time -------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from runs.models import AuditLog, Run
 from tests.conftest import make_user
-from tests.web.pages_helpers import html_of, signed_in
+from tests.pages.pages_helpers import html_of, signed_in
 
 pytestmark = pytest.mark.django_db
 

@@ -17,10 +17,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from runs.models import Membership
-from runs.web.sessions import CLOSE_ACCESS_LOST, CLOSE_SESSION_ENDED
+from runs.sessions import CLOSE_ACCESS_LOST, CLOSE_SESSION_ENDED
 from tests.conftest import make_user
-from tests.web.conftest import PASSWORD, log_in, session_cookie
-from tests.web.test_live_relay import headers, run_async, ws_url
+from tests.pages.conftest import PASSWORD, log_in, session_cookie
+from tests.pages.test_live_relay import headers, run_async, ws_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

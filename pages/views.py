@@ -11,6 +11,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from pages.versions import plan_versions
 from runs.dataplane import step_log_path
 from runs.errors import ExecGoError
 from runs.models import StepStatus
@@ -27,7 +28,6 @@ from runs.selectors import (
 )
 from runs.services import run_cancel, run_retry
 from runs.statemachine import RunState
-from runs.web.versions import plan_versions
 
 PAGE_SIZE = 50
 LOG_CHUNK_BYTES = 64 * 1024
@@ -38,7 +38,7 @@ LOG_CHUNK_BYTES = 64 * 1024
 def overview(request):
     tenant = tenant_of(request.user)
     cursor = latest_event_id()  # read before the page's data: events after it are replayed live
-    return render(request, "runs/overview.html", {"overview": overview_for(tenant), "live_after": cursor,
+    return render(request, "pages/overview.html", {"overview": overview_for(tenant), "live_after": cursor,
                                                    "nav": "overview"})
 
 
@@ -48,7 +48,7 @@ def run_list(request):
     filters = RunFilters.from_query(request.GET)
     cursor = latest_event_id()
     page = Paginator(runs_matching(request.user, filters), PAGE_SIZE).get_page(request.GET.get("page"))
-    return render(request, "runs/list.html", {
+    return render(request, "pages/list.html", {
         "page": page, "filters": filters, "states": RunState.values, "agents": submitters_of(request.user),
         "live_after": cursor, "query": filters.query_string(), "nav": "runs",
     })
@@ -64,7 +64,7 @@ def run_row(request, run_id: int):
     run = runs_matching(request.user, filters).filter(pk=run_id).first()
     if run is None:
         return HttpResponse(status=204)
-    return render(request, "runs/list.html#run-row", {"run": run})
+    return render(request, "pages/list.html#run-row", {"run": run})
 
 
 @login_required
@@ -74,7 +74,7 @@ def run_detail(request, run_id: int):
     detail = run_detail_for(request.user, run_id)
     if detail is None:
         raise Http404("no such run")
-    template = "runs/detail.html#live" if request.GET.get("fragment") == "live" else "runs/detail.html"
+    template = "pages/detail.html#live" if request.GET.get("fragment") == "live" else "pages/detail.html"
     versions = [] if request.GET.get("fragment") == "live" else plan_versions(detail.run, detail.steps)
     return render(request, template, {"detail": detail, "run": detail.run, "live_after": cursor,
                                       "versions": versions, "nav": "runs"})
@@ -89,7 +89,7 @@ def cancel(request, run_id: int):
         messages.success(request, f"Cancel requested for run {run.pk}.")
     except ExecGoError as exc:
         messages.error(request, exc.envelope["message"])
-    return redirect("web:run-detail", run_id=run.pk)
+    return redirect("pages:run-detail", run_id=run.pk)
 
 
 @login_required
@@ -100,9 +100,9 @@ def retry(request, run_id: int):
         new_run = run_retry(run=run, user=request.user)
     except ExecGoError as exc:
         messages.error(request, exc.envelope["message"])
-        return redirect("web:run-detail", run_id=run.pk)
+        return redirect("pages:run-detail", run_id=run.pk)
     messages.success(request, f"Run {new_run.pk} retries run {run.pk}.")
-    return redirect("web:run-detail", run_id=new_run.pk)
+    return redirect("pages:run-detail", run_id=new_run.pk)
 
 
 @login_required
@@ -142,4 +142,4 @@ def step_log(request, run_id: int):
 @login_required
 @require_GET
 def hosts(request):
-    return render(request, "runs/hosts.html", {"hosts": hosts_overview(), "nav": "hosts"})
+    return render(request, "pages/hosts.html", {"hosts": hosts_overview(), "nav": "hosts"})

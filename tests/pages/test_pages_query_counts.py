@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs.models import AuditLog, Run, Trace, TraceKind
-from tests.web.pages_helpers import add_step, html_of, row_ids
+from tests.pages.pages_helpers import add_step, html_of, row_ids
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 from django.urls import path
 
-from runs.web.consumers import LiveConsumer
+from pages.consumers import LiveConsumer
 
 websocket_urlpatterns = [path("ws/live/", LiveConsumer.as_asgi())]

@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 from runs.models import Event, EventType, Run
 from runs.statemachine import FINAL
 from tests.conftest import make_user, simple_plan, token_client, wait_for_run
-from tests.web.conftest import session_cookie
+from tests.pages.conftest import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,9 +6,9 @@ import json
 from django import template
 from django.utils.html import format_html
 
+from pages.charts import bar_chart_svg, line_chart_svg
+from pages.dag import dag_svg
 from runs.statemachine import display_group
-from runs.web.charts import bar_chart_svg, line_chart_svg
-from runs.web.dag import dag_svg
 
 register = template.Library()
 

@@ -8,7 +8,7 @@ import pytest
 
 from runtime.ledger import host_register
 from runtime.models import HostCapacity
-from tests.web.pages_helpers import html_of, state_counts, tags
+from tests.pages.pages_helpers import html_of, state_counts, tags
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from django.utils.safestring import SafeString
 
-from runs.web.charts import bar_chart_svg, line_chart_svg
-from runs.web.dag import NEUTRAL_STROKE, dag_svg
+from pages.charts import bar_chart_svg, line_chart_svg
+from pages.dag import NEUTRAL_STROKE, dag_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 HOSTILE = '</text><script>alert("x")</script><text>'

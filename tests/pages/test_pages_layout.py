@@ -9,7 +9,7 @@ import pytest
 
 from runs.models import Run
 from tests.conftest import make_user, open_approval
-from tests.web.pages_helpers import html_of, run_in, signed_in, tags
+from tests.pages.pages_helpers import html_of, run_in, signed_in, tags
 
 pytestmark = pytest.mark.django_db
 

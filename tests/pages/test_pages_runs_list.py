@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from runs.models import Run
 from tests.conftest import make_user
-from tests.web.pages_helpers import html_of, row_ids, run_in
+from tests.pages.pages_helpers import html_of, row_ids, run_in
 
 pytestmark = pytest.mark.django_db
 

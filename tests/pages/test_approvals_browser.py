@@ -13,7 +13,7 @@ from approvals.models import ApprovalRequest
 from policy.interface import evaluate_policy
 from runs.models import AuditLog, Job, Run, Step
 from tests.conftest import make_user, token_client, wait_for_run, wait_until
-from tests.web.conftest import PASSWORD, log_in, screenshot
+from tests.pages.conftest import PASSWORD, log_in, screenshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 

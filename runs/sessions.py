@@ -161,7 +161,7 @@ class SessionWatch:
             self._wake.set()
 
     async def _check_forever(self) -> None:
-        from runs.web.relay import RELAY_LAYER
+        from runs.relay import RELAY_LAYER
 
         layer = get_channel_layer(RELAY_LAYER)
         while True:

@@ -12,7 +12,7 @@ from policy.interface import evaluate_policy
 from runs.dataplane import bind_rated_plans_of
 from runs.models import Step
 from tests.conftest import token_client
-from tests.web.conftest import PASSWORD, log_in, screenshot
+from tests.pages.conftest import PASSWORD, log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

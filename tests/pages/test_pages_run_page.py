@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from runs.models import AuditLog, Trace, TraceKind
-from tests.web.pages_helpers import add_step, html_of, tags
+from tests.pages.pages_helpers import add_step, html_of, tags
 
 pytestmark = pytest.mark.django_db
 

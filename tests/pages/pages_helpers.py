@@ -1,4 +1,4 @@
-"""Helpers of the server-rendered pages' tests (tests/web/test_pages_*.py):
+"""Helpers of the server-rendered pages' tests (tests/pages/test_pages_*.py):
 the tags of a page, the rows of the runs list and the state counts of the
 overview, signed-in clients, and runs and steps made directly."""
 

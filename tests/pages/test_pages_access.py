@@ -14,7 +14,7 @@ from django.test import Client
 
 from runs.models import AuditLog, Run
 from tests.conftest import make_user
-from tests.web.pages_helpers import add_step, html_of, row_ids, run_in, signed_in, state_counts, tags
+from tests.pages.pages_helpers import add_step, html_of, row_ids, run_in, signed_in, state_counts, tags
 
 pytestmark = pytest.mark.django_db
 

@@ -1,8 +1,8 @@
 from django.urls import path
 
-from runs.web import views
+from pages import views
 
-app_name = "web"
+app_name = "pages"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("runs/", views.run_list, name="runs"),
