@@ -26,7 +26,7 @@ kombu's own transport has three races, each of which loses or garbles work:
   on another filesystem is a copy and a delete: two consumers can both copy
   (and deliver) one message, or one can delete the copy the other is about
   to read. Here it is renamed into the processed folder (the same
-  filesystem as the queue, see ``execgo.settings``), and exactly one
+  filesystem as the queue, see ``filesystem_transport_options``), and exactly one
   consumer's rename succeeds.
 
 A message taken is deleted before it is acknowledged (as in kombu's own
@@ -43,6 +43,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from queue import Empty
 from time import monotonic, monotonic_ns
 
@@ -201,3 +202,24 @@ class Transport(filesystem.Transport):
 def use_atomic_filesystem_transport() -> None:
     """Make ``filesystem://`` URLs resolve to this transport in this process."""
     TRANSPORT_ALIASES["filesystem"] = "execgo.broker:Transport"
+
+
+def filesystem_transport_options(broker_dir: Path, *, polling_interval: float) -> dict:
+    """The CELERY_BROKER_TRANSPORT_OPTIONS of a ``filesystem://`` broker in
+    ``broker_dir``, its folders made."""
+    for sub in ("queue", "processed", "control"):
+        (broker_dir / sub).mkdir(parents=True, exist_ok=True)
+    # Reads and writes share one folder (producer and consumer are the same
+    # app); the processed folder sits beside the queue so that taking a
+    # message is one rename; the control folder must be absolute for
+    # revoke/inspect to work.
+    return {
+        "data_folder_in": str(broker_dir / "queue"),
+        "data_folder_out": str(broker_dir / "queue"),
+        "processed_folder": str(broker_dir / "processed"),
+        "control_folder": str(broker_dir / "control"),
+        "store_processed": False,
+        # The directory is listed on every poll; kombu's default of 1 s
+        # would add up to a second to every hop of a run.
+        "polling_interval": polling_interval,
+    }

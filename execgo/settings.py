@@ -3,6 +3,8 @@
 With no environment at all ExecGo runs on an embedded default that needs no
 services: SQLite (WAL) and Celery's filesystem broker under EXECGO_DATA_DIR.
 Production sets DATABASE_URL=postgres://… and CELERY_BROKER_URL=redis://….
+What is built rather than listed (DATABASES, LOGGING, beat's schedule, the
+REST framework's settings, a step's default limits) comes from the modules below.
 """
 
 import os
@@ -10,28 +12,25 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from execgo.api_config import api_schema, rest_framework
+from execgo.beat import beat_schedule
+from execgo.broker import filesystem_transport_options
+from execgo.databases import databases
+from execgo.deploy import allowed_hosts, secret_key
 from execgo.env import env_bool, env_float, env_int, env_list, env_str
+from execgo.logging_config import logging_config
+from execgo.sandbox_defaults import default_limits, etc_secret_paths, limit_caps, readonly_paths
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("EXECGO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-# Fails closed: outside debug mode the process refuses to start on the
-# development key or on a guessed host list, instead of running on them.
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "").strip()
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [])
-if not DEBUG and not SECRET_KEY:
-    raise ImproperlyConfigured("Set DJANGO_SECRET_KEY to a long random string (or DJANGO_DEBUG=true for development).")
-if not DEBUG and not ALLOWED_HOSTS:
-    raise ImproperlyConfigured(
-        "Set DJANGO_ALLOWED_HOSTS to the host names the site answers to (or DJANGO_DEBUG=true for development)."
-    )
-SECRET_KEY = SECRET_KEY or "execgo-insecure-development-key-change-me"
-ALLOWED_HOSTS = ALLOWED_HOSTS or ["localhost", "127.0.0.1", "[::1]", "testserver"]
+# Fails closed: required outside debug mode (execgo/deploy.py).
+SECRET_KEY = secret_key(env_str("DJANGO_SECRET_KEY", "").strip(), debug=DEBUG)
+ALLOWED_HOSTS = allowed_hosts(env_list("DJANGO_ALLOWED_HOSTS", []), debug=DEBUG)
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -94,34 +93,13 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------
 
-_SQLITE_PATH = DATA_DIR / "execgo.sqlite3"
-DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{_SQLITE_PATH}")
-try:
-    _default_db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0))
-except ValueError as exc:
-    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
-
-if _default_db["ENGINE"] == "django.db.backends.sqlite3":
-    # Web, workers and beat write concurrently: WAL lets readers proceed, the
-    # busy timeout queues writers, and IMMEDIATE takes the write lock at BEGIN
-    # so no transaction has to upgrade a read lock mid-way ("database is locked").
-    _default_db["OPTIONS"] = {
-        "timeout": 30,
-        "transaction_mode": "IMMEDIATE",
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
-    _default_db["TEST"] = {"NAME": str(DATA_DIR / "test-execgo.sqlite3")}
-
-DATABASES = {
-    "default": _default_db,
-    # A second connection to the same database, used only for audit rows that
-    # must survive the rollback of the caller's transaction (invalid
-    # transitions). It mirrors "default" in tests so it sees the test database.
-    "audit": {**_default_db, "TEST": {**_default_db.get("TEST", {}), "MIRROR": "default"}},
-}
+# "default", and "audit": a second connection to it for the audit rows that
+# must outlive the caller's rollback; SQLite tuned for concurrent writers.
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'execgo.sqlite3'}")
+DATABASES = databases(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0), data_dir=DATA_DIR)
 DATABASE_ROUTERS: list[str] = []
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-IS_SQLITE = _default_db["ENGINE"] == "django.db.backends.sqlite3"
+IS_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
 
 # --- Auth, i18n, static ---------------------------------------------------
 
@@ -200,65 +178,15 @@ EXECGO_API_WAIT_MAX_S = env_float("EXECGO_API_WAIT_MAX_S", 60.0)
 # empty: no throttling). Counted per web process (the local-memory cache).
 EXECGO_API_THROTTLE_RATE = env_str("EXECGO_API_THROTTLE_RATE", "1200/minute") or None
 
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "runs.api.authentication.StrictTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.StrictJSONParser"],
-    # JSON only: an error is the envelope whatever the Accept header (the
-    # browsable API would answer HTML); the docs are at /api/v1/docs/.
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_SCHEMA_CLASS": "runs.api.schema.ApiAutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "runs.api.pagination.StrictPageNumberPagination",
-    "PAGE_SIZE": 50,
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"] if EXECGO_API_THROTTLE_RATE else [],
-    "DEFAULT_THROTTLE_RATES": {"user": EXECGO_API_THROTTLE_RATE},
-    "EXCEPTION_HANDLER": "runs.api.errors.exception_handler",
-    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "ExecGo API",
-    "DESCRIPTION": "Submit runs of tool calls, watch them, cancel and retry them.",
-    "VERSION": "1",
-    "SERVE_INCLUDE_SCHEMA": False,
-    # Swagger UI and Redoc from drf-spectacular-sidecar's static files, never a CDN.
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-    # The waiting endpoints are Channels consumers, not DRF views: added by hand.
-    "POSTPROCESSING_HOOKS": [
-        "drf_spectacular.hooks.postprocess_schema_enums",
-        "runs.api.schema.add_waiting_endpoints",
-    ],
-    # Enums named after what they list, not after the first field using them.
-    "ENUM_NAME_OVERRIDES": {
-        "RunStateEnum": "runs.statemachine.RunState",
-        "ClosingCauseEnum": "runs.statemachine.ClosingCause",
-        "ErrorCodeEnum": "runs.errors.ErrorCode",
-    },
-}
+REST_FRAMEWORK = rest_framework(throttle_rate=EXECGO_API_THROTTLE_RATE)
+SPECTACULAR_SETTINGS = api_schema()
 
 # --- Celery -----------------------------------------------------------------
 
-_BROKER_DIR = DATA_DIR / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    for _sub in ("queue", "processed", "control"):
-        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
-    # Reads and writes share one folder (producer and consumer are the same
-    # app); the control folder must be absolute for revoke/inspect to work.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_BROKER_DIR / "queue"),
-        "data_folder_out": str(_BROKER_DIR / "queue"),
-        "processed_folder": str(_BROKER_DIR / "processed"),
-        "control_folder": str(_BROKER_DIR / "control"),
-        "store_processed": False,
-        # The directory is listed on every poll; kombu's default of 1 s
-        # would add up to a second to every hop of a run.
-        "polling_interval": env_float("EXECGO_BROKER_POLL_S", 0.05),
-    }
+    CELERY_BROKER_TRANSPORT_OPTIONS = filesystem_transport_options(
+        DATA_DIR / "broker", polling_interval=env_float("EXECGO_BROKER_POLL_S", 0.05))
 else:
     # Longer than the longest task, or Redis redelivers it while it runs.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 4 * 3600)}
@@ -274,32 +202,12 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 EXECGO_DEADLINE_SCAN_INTERVAL_S = env_float("EXECGO_DEADLINE_SCAN_INTERVAL_S", 2.0)
 EXECGO_LEDGER_HEAL_INTERVAL_S = env_float("EXECGO_LEDGER_HEAL_INTERVAL_S", 5.0)
-CELERY_BEAT_SCHEDULE = {
-    "sweep-zombie-runs": {
-        "task": "runs.tasks.sweep_zombie_runs",
-        "schedule": float(env_int("EXECGO_SWEEP_INTERVAL_S", 30)),
-    },
-    "purge-expired-run-artifacts": {
-        "task": "runs.tasks.purge_expired_run_artifacts",
-        "schedule": float(env_int("EXECGO_GC_INTERVAL_S", 3600)),
-    },
-    # Closes a run whose deadline passed when its timer (an ETA message)
-    # was lost or is parked in a dead worker's unacked set.
-    "scan-run-deadlines": {
-        "task": "runs.tasks.scan_run_deadlines",
-        "schedule": EXECGO_DEADLINE_SCAN_INTERVAL_S,
-    },
-    # Sends what the broker had not taken (runs.dispatch: a broker outage).
-    "relay-dispatches": {
-        "task": "runs.tasks.relay_dispatched_messages",
-        "schedule": env_float("EXECGO_DISPATCH_RELAY_INTERVAL_S", 1.0),
-    },
-    # Gives back the reservations of pool processes that died mid-step.
-    "heal-ledgers": {
-        "task": "runs.tasks.heal_ledgers",
-        "schedule": EXECGO_LEDGER_HEAL_INTERVAL_S,
-    },
-}
+CELERY_BEAT_SCHEDULE = beat_schedule(
+    sweep_s=float(env_int("EXECGO_SWEEP_INTERVAL_S", 30)), gc_s=float(env_int("EXECGO_GC_INTERVAL_S", 3600)),
+    deadline_scan_s=EXECGO_DEADLINE_SCAN_INTERVAL_S,
+    dispatch_relay_s=env_float("EXECGO_DISPATCH_RELAY_INTERVAL_S", 1.0),
+    ledger_heal_s=EXECGO_LEDGER_HEAL_INTERVAL_S,
+)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Channels -------------------------------------------------------------
@@ -367,30 +275,13 @@ EXECGO_SANDBOX_UID_COUNT = env_int("EXECGO_SANDBOX_UID_COUNT", 1000000)
 # /sbin, /lib*, /etc; see runtime/sandbox.py). Paths in them it must not
 # read: a directory gets an empty tmpfs over it, a file an empty one nobody
 # may read (the data and tasks directories are always hidden). The default:
-# /etc's secrets (password hashes, SSH host keys, TLS private keys, sudoers,
-# the config of database and broker servers); paths this host lacks are skipped.
-EXECGO_SANDBOX_HIDDEN_PATHS = env_list("EXECGO_SANDBOX_HIDDEN_PATHS", [
-    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/security/opasswd", "/etc/sudoers",
-    "/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private", "/etc/postgresql", "/etc/redis", "/etc/mysql",
-    "/etc/rabbitmq", "/etc/mosquitto", "/etc/nats-server.conf", "/etc/krb5.keytab", "/etc/letsencrypt",
-    "/etc/docker", "/etc/wireguard", "/etc/ipsec.secrets", "/etc/ppp", "/etc/NetworkManager/system-connections",
-])
+# /etc's secrets (execgo/sandbox_defaults.py); paths this host lacks are skipped.
+EXECGO_SANDBOX_HIDDEN_PATHS = env_list("EXECGO_SANDBOX_HIDDEN_PATHS", etc_secret_paths())
 # Host paths an operator shows every contained step, read-only (a tool
 # directory under /opt, say): recorded in each step's plan and rating risk
 # medium there. Absolute, never /, the data or tasks directory, or above them.
-
-
-def _readonly_paths() -> list[str]:
-    from runtime.sandbox import validate_readonly_paths  # the rules the plan resolver applies to overrides too
-
-    try:
-        return validate_readonly_paths(env_list("EXECGO_SANDBOX_READONLY_PATHS", []), data_dir=str(DATA_DIR),
-                                       tasks_dir=str(EXECGO_TASKS_DIR))
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"EXECGO_SANDBOX_READONLY_PATHS: {exc}") from None
-
-
-EXECGO_SANDBOX_READONLY_PATHS = _readonly_paths()
+EXECGO_SANDBOX_READONLY_PATHS = readonly_paths(env_list("EXECGO_SANDBOX_READONLY_PATHS", []), data_dir=DATA_DIR,
+                                               tasks_dir=EXECGO_TASKS_DIR)
 # Network of a step that asks for "internet": a user-mode NAT that cannot
 # reach the host's loopback (pasta, of Debian's passt); empty: pasta on PATH.
 EXECGO_PASTA_PATH = env_str("EXECGO_PASTA_PATH", "")
@@ -411,28 +302,9 @@ EXECGO_SHIM_BACKSTOP_S = env_float("EXECGO_SHIM_BACKSTOP_S", 30.0)
 # A script step runs as [EXECGO_SHELL, "-c", script]; every shell step gets EXECGO_SHELL_PATH as PATH.
 EXECGO_SHELL = env_str("EXECGO_SHELL", "/bin/sh")
 EXECGO_SHELL_PATH = env_str("EXECGO_SHELL_PATH", "/usr/local/bin:/usr/bin:/bin")
-# Limits of every step (a step's sandbox.limits override them, up to the
-# caps below; None: no limit). workspace_bytes sizes the step's workspace and
-# its /tmp (each a tmpfs of that size).
-EXECGO_DEFAULT_LIMITS = {
-    "cpu_seconds": env_int("EXECGO_LIMIT_CPU_SECONDS", 600),
-    "address_space_bytes": env_int("EXECGO_LIMIT_ADDRESS_SPACE_BYTES", 8 * 1024**3),
-    "file_size_bytes": env_int("EXECGO_LIMIT_FILE_SIZE_BYTES", 1024**3),
-    "open_files": env_int("EXECGO_LIMIT_OPEN_FILES", 1024),
-    "processes": env_int("EXECGO_LIMIT_PROCESSES", 256),
-    "workspace_bytes": env_int("EXECGO_LIMIT_WORKSPACE_BYTES", 1024**3),
-    "log_cap_bytes": env_int("EXECGO_LIMIT_LOG_CAP_BYTES", 8 * 1024 * 1024),
-}
-# The most a step may ask for (None: no cap; a step may then also ask for no limit).
-EXECGO_LIMIT_CAPS = {
-    "cpu_seconds": env_int("EXECGO_LIMIT_CAP_CPU_SECONDS", 24 * 3600),
-    "address_space_bytes": env_int("EXECGO_LIMIT_CAP_ADDRESS_SPACE_BYTES", 64 * 1024**3),
-    "file_size_bytes": env_int("EXECGO_LIMIT_CAP_FILE_SIZE_BYTES", 16 * 1024**3),
-    "open_files": env_int("EXECGO_LIMIT_CAP_OPEN_FILES", 65536),
-    "processes": env_int("EXECGO_LIMIT_CAP_PROCESSES", 4096),
-    "workspace_bytes": env_int("EXECGO_LIMIT_CAP_WORKSPACE_BYTES", 16 * 1024**3),
-    "log_cap_bytes": env_int("EXECGO_LIMIT_CAP_LOG_CAP_BYTES", 1024**3),
-}
+# Limits of every step, and the most a step may ask for (execgo/sandbox_defaults.py).
+EXECGO_DEFAULT_LIMITS = default_limits()
+EXECGO_LIMIT_CAPS = limit_caps()
 EXECGO_SHELL_ENV_ALLOWLIST = env_list(
     "EXECGO_SHELL_ENV_ALLOWLIST", ["LANG", "LANGUAGE", "LC_*", "TZ", "TERM", "NO_COLOR", "STEP_*"]
 )
@@ -499,7 +371,6 @@ EXECGO_ZOMBIE_THRESHOLDS_S = {
 # How many times the sweeper sends a stuck run's work again before it fails the run.
 EXECGO_SWEEP_RESENDS = env_int("EXECGO_SWEEP_RESENDS", 3)
 
-
 # --- Observability ----------------------------------------------------------
 
 # prometheus_client's multiprocess mode: every process (web, each worker and
@@ -525,25 +396,6 @@ CELERY_BEAT_SYNC_EVERY = 1
 # handle ids bound while they are handled) unless EXECGO_LOG_FORMAT=text;
 # text by default in DEBUG. EXECGO_LOG_FILE also appends them to a file.
 EXECGO_LOG_FORMAT = env_str("EXECGO_LOG_FORMAT", "text" if DEBUG else "json")
-if EXECGO_LOG_FORMAT not in {"json", "text"}:
-    raise ImproperlyConfigured(f"EXECGO_LOG_FORMAT must be json or text, got {EXECGO_LOG_FORMAT!r}")
 EXECGO_LOG_FILE = env_str("EXECGO_LOG_FILE", "")
-_log_handlers = {"console": {"class": "logging.StreamHandler", "formatter": EXECGO_LOG_FORMAT,
-                             "filters": ["quiet_periodic_tasks"]}}
-if EXECGO_LOG_FILE:
-    _log_handlers["file"] = {"class": "logging.handlers.WatchedFileHandler", "filename": EXECGO_LOG_FILE,
-                             "formatter": EXECGO_LOG_FORMAT}
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "execgo.logs.json_formatter"}, "text": {"()": "execgo.logs.text_formatter"}},
-    # The console (what `make run` shows) leaves out the routine lines of the
-    # periodic tasks at INFO; a log file keeps them.
-    "filters": {"quiet_periodic_tasks": {"()": "execgo.logs.QuietPeriodicTasks",
-                                         "tasks": [*(entry["task"] for entry in CELERY_BEAT_SCHEDULE.values()),
-                                                   # fanned out by heal_ledgers, one per host
-                                                   "runs.tasks.heal_host"]}},
-    "handlers": _log_handlers,
-    "root": {"handlers": list(_log_handlers), "level": env_str("EXECGO_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+LOGGING = logging_config(log_format=EXECGO_LOG_FORMAT, log_file=EXECGO_LOG_FILE,
+                         level=env_str("EXECGO_LOG_LEVEL", "INFO"), beat_schedule=CELERY_BEAT_SCHEDULE)

@@ -2,7 +2,9 @@
 
 Only what an agent needs: submit a plan, read, wait for and stream a run,
 cancel and retry it, evaluate a plan against the policy, list approvals.
-Every failure is one ``ExecGoError`` carrying the server's error envelope.
+Every failure is one ``ExecGoError`` carrying the server's error envelope
+(``errors.py``); the answers are the dataclasses of ``resources.py``, all
+importable from here as before.
 """
 
 from __future__ import annotations
@@ -12,18 +14,18 @@ import random
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+
+from execgo_client.errors import ExecGoError, transport_error
+from execgo_client.resources import FINAL_STATES, NEEDS_HUMAN_STATES, Approval, Evaluation, Event, Run
 
 __all__ = [
     "FINAL_STATES", "NEEDS_HUMAN_STATES", "Approval", "Evaluation", "Event", "ExecGo", "ExecGoError", "Run",
 ]
 
 VERSION = "0.1.0"
-FINAL_STATES = frozenset({"SUCCEEDED", "CLOSED_REJECTED", "CLOSED_FAILED", "CLOSED_CANCELLED"})
-NEEDS_HUMAN_STATES = frozenset({"AWAITING_HITL"})
 Until = Literal["final", "needs_human", "any"]
 UNTIL_STATES: dict[str, frozenset[str]] = {
     "final": FINAL_STATES,
@@ -35,170 +37,6 @@ STREAM_READ_TIMEOUT_S = 45.0  # the server sends ": keep-alive" every 15 s
 BACKOFF_MAX_S = 10.0
 # Nothing reached the server: even a call that is not idempotent may go again.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
-
-
-class ExecGoError(Exception):
-    """A failed call: the server's ``{"error": {code, message, retryable,
-    source, details}}`` envelope, plus the HTTP status (None when no response
-    came: the client made the envelope itself, with ``source="client"``)."""
-
-    def __init__(self, code: str, message: str, *, retryable: bool = False, source: str = "client",
-                 details: dict[str, Any] | None = None, status: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.retryable = retryable
-        self.source = source
-        self.details = details or {}
-        self.status = status
-
-    @property
-    def envelope(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "retryable": self.retryable,
-                          "source": self.source, "details": self.details}}
-
-    def __str__(self) -> str:
-        status = f" (HTTP {self.status})" if self.status is not None else ""
-        return f"{self.code}: {self.message}{status}"
-
-    def __repr__(self) -> str:
-        return f"ExecGoError({self.code!r}, {self.message!r}, status={self.status!r})"
-
-    @classmethod
-    def from_response(cls, response: httpx.Response) -> ExecGoError:
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        error = body.get("error") if isinstance(body, dict) else None
-        if isinstance(error, dict) and "code" in error:
-            return cls(str(error["code"]), str(error.get("message", "")), retryable=bool(error.get("retryable")),
-                       source=str(error.get("source", "api")), details=error.get("details") or {},
-                       status=response.status_code)
-        # Not an envelope: a URL the server does not route, a proxy's page, ...
-        status = response.status_code
-        code = {401: "denied", 403: "denied", 404: "not_found", 408: "timeout", 504: "timeout"}.get(
-            status, "internal" if status >= 500 else "external_failure" if status == 429 else "invalid_input")
-        return cls(code, f"HTTP {status} {response.reason_phrase} from {response.request.method} {response.request.url}",
-                   retryable=status >= 500 or status == 429, source="client",
-                   details={"body": response.text[:500]}, status=status)
-
-
-def _transport_error(exc: httpx.TransportError, method: str, url: str) -> ExecGoError:
-    code = "timeout" if isinstance(exc, httpx.TimeoutException) else "external_failure"
-    return ExecGoError(code, f"{method} {url}: {type(exc).__name__}: {exc}", retryable=True, source="client",
-                       details={"exception": type(exc).__name__})
-
-
-@dataclass(frozen=True)
-class Run:
-    id: int
-    state: str
-    closing_cause: str
-    title: str
-    steps: list[dict[str, Any]]
-    allowed_actions: dict[str, Any]
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Run:
-        return cls(id=int(data["id"]), state=str(data.get("state", "")), closing_cause=data.get("closing_cause") or "",
-                   title=data.get("title") or "", steps=list(data.get("steps") or []),
-                   allowed_actions=dict(data.get("allowed_actions") or {}), raw=data)
-
-    @property
-    def final(self) -> bool:
-        return self.state in FINAL_STATES
-
-    @property
-    def needs_human(self) -> bool:
-        return self.state in NEEDS_HUMAN_STATES
-
-    @property
-    def reached(self) -> bool | None:
-        """From ``wait``: whether the condition held before the server's timeout."""
-        return self.raw.get("reached")
-
-    @property
-    def approval_page(self) -> str | None:
-        """The approval page's path (``/approvals/<id>/``) while AWAITING_HITL."""
-        return (self.allowed_actions.get("approval") or {}).get("page")
-
-    @property
-    def step_errors(self) -> list[tuple[str, dict[str, Any]]]:
-        """(step id, error envelope body) of every step whose result is an error."""
-        return [(str(step.get("id")), (step.get("result") or {})["error"]) for step in self.steps
-                if (step.get("result") or {}).get("error")]
-
-
-@dataclass(frozen=True)
-class Event:
-    """One outbox event of a run (``run_state_changed``, ``task_started``, ...)."""
-
-    id: int | str | None
-    type: str
-    run_id: int | None
-    task_id: str
-    handle_id: str
-    timestamp: str
-    message: str
-    data: dict[str, Any]
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], *, sse_id: str | None = None, sse_type: str = "") -> Event:
-        event_id = data.get("id", sse_id)
-        if isinstance(event_id, str) and event_id.isdigit():
-            event_id = int(event_id)
-        return cls(id=event_id, type=str(data.get("type") or sse_type or "message"), run_id=data.get("run_id"),
-                   task_id=data.get("task_id") or "", handle_id=data.get("handle_id") or "",
-                   timestamp=data.get("timestamp") or "", message=data.get("message") or "",
-                   data=dict(data.get("data") or {}), raw=data)
-
-    @property
-    def final_state(self) -> bool:
-        """The run entered a final state: the last event of its stream."""
-        return self.type == "run_state_changed" and self.data.get("to") in FINAL_STATES
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    risk: str
-    needs_human: bool
-    rejected: bool
-    policy_version: int | None
-    steps: list[dict[str, Any]]
-    matched_rules: list[Any]
-    budget: dict[str, Any]
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Evaluation:
-        return cls(risk=str(data.get("risk", "")), needs_human=bool(data.get("needs_human")),
-                   rejected=bool(data.get("rejected")), policy_version=data.get("policy_version"),
-                   steps=list(data.get("steps") or []), matched_rules=list(data.get("matched_rules") or []),
-                   budget=dict(data.get("budget") or {}), raw=data)
-
-
-@dataclass(frozen=True)
-class Approval:
-    id: int
-    run_id: int | None
-    status: str
-    risk: str
-    policy_version: int | None
-    requested_at: str
-    expires_at: str
-    page_url: str
-    steps: list[Any]
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Approval:
-        return cls(id=int(data["id"]), run_id=data.get("run_id"), status=str(data.get("status", "")),
-                   risk=str(data.get("risk", "")), policy_version=data.get("policy_version"),
-                   requested_at=data.get("requested_at") or "", expires_at=data.get("expires_at") or "",
-                   page_url=data.get("page_url") or "", steps=list(data.get("steps") or []), raw=data)
 
 
 def parse_sse(lines: Iterable[str], *, comments: bool = False) -> Iterator[tuple[str | None, str, str]]:
@@ -350,7 +188,7 @@ class ExecGo:
                             return
             except httpx.TransportError as exc:
                 if failures >= self.retries:
-                    raise _transport_error(exc, "GET", self.base_url + path) from exc
+                    raise transport_error(exc, "GET", self.base_url + path) from exc
                 failures += 1
                 self._sleep(failures - 1)
                 continue
@@ -400,7 +238,7 @@ class ExecGo:
                                               timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
             except httpx.TransportError as exc:
                 if last or not (idempotent or isinstance(exc, _NOT_SENT)):
-                    raise _transport_error(exc, method, self.base_url + path) from exc
+                    raise transport_error(exc, method, self.base_url + path) from exc
                 self._sleep(attempt)
                 continue
             if response.is_success:

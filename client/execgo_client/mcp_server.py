@@ -120,14 +120,28 @@ class SharedTokenVerifier:
 
 
 def build_server(client: ExecGo, *, http_token: str | None = None) -> MCPServer:
-    """``http_token``: the bearer token every HTTP request must present."""
-    auth = {}
-    if http_token is not None:
-        # The SDK's settings name an OAuth issuer; this server is its own:
-        # a shared token, no authorization server and no metadata route.
-        auth = {"auth": AuthSettings(issuer_url=client.base_url, resource_server_url=None),
-                "token_verifier": SharedTokenVerifier(http_token)}
-    server = MCPServer("execgo", instructions=INSTRUCTIONS, version=VERSION, log_level="WARNING", **auth)
+    """The server with every tool; ``http_token``: the bearer token every
+    HTTP request must present."""
+    server = MCPServer("execgo", instructions=INSTRUCTIONS, version=VERSION, log_level="WARNING",
+                       **_http_auth(client, http_token))
+    _add_run_tools(server, client)
+    _add_review_tools(server, client)
+    return server
+
+
+def _http_auth(client: ExecGo, http_token: str | None) -> dict[str, Any]:
+    """MCPServer's authentication arguments: none over stdio, the shared token over HTTP."""
+    if http_token is None:
+        return {}
+    # The SDK's settings name an OAuth issuer; this server is its own:
+    # a shared token, no authorization server and no metadata route.
+    return {"auth": AuthSettings(issuer_url=client.base_url, resource_server_url=None),
+            "token_verifier": SharedTokenVerifier(http_token)}
+
+
+def _add_run_tools(server: MCPServer, client: ExecGo) -> None:
+    """The tools that act on runs: submit, get, wait for and cancel one. Each
+    describes the run it ends with, so an agent always learns where it stands."""
 
     @server.tool()
     def submit_run(
@@ -175,6 +189,11 @@ def build_server(client: ExecGo, *, http_token: str | None = None) -> MCPServer:
         return f"cancel of run {run.id} requested (state {run.state})\n" + json.dumps(
             run_summary(client, run), indent=2, default=str)
 
+
+def _add_review_tools(server: MCPServer, client: ExecGo) -> None:
+    """The tools that read what the policy and the approvers decide, without
+    starting anything: a plan's verdict, the tenant's approval requests."""
+
     @server.tool()
     def evaluate_plan(plan: Plan) -> str:
         """The policy's verdict on a plan without running it: risk (low, medium, high, deny), whether
@@ -199,8 +218,6 @@ def build_server(client: ExecGo, *, http_token: str | None = None) -> MCPServer:
             raise _tool_error(exc) from None
         return json.dumps([{**approval.raw, "page_url": client.url(approval.page_url) if approval.page_url else ""}
                            for approval in approvals], indent=2, default=str)
-
-    return server
 
 
 def serve(client: ExecGo, *, http: bool = False, host: str = "127.0.0.1", port: int = 8765,

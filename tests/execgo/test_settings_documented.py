@@ -1,6 +1,6 @@
-"""Every environment variable execgo/settings.py, the Procfile and
-execgo_bootstrap read is documented in README.md's one Configuration table,
-and nothing else is."""
+"""Every environment variable execgo/settings.py (with the execgo modules it
+imports), the Procfile and execgo_bootstrap read is documented in README.md's
+one Configuration table, and nothing else is."""
 
 import ast
 import fnmatch
@@ -11,10 +11,18 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = {"env_str", "env_int", "env_float", "env_bool", "env_list"}
 
 
+def settings_modules() -> list[Path]:
+    """execgo/settings.py and the execgo modules it imports, which build
+    some settings and read the environment for them (the step limits)."""
+    settings = ROOT / "execgo" / "settings.py"
+    imported = [node.module for node in ast.walk(ast.parse(settings.read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("execgo.")]
+    return [settings, *(ROOT / (module.replace(".", "/") + ".py") for module in imported)]
+
+
 def settings_names() -> set[str]:
-    tree = ast.parse((ROOT / "execgo" / "settings.py").read_text())
     names = set()
-    for node in ast.walk(tree):
+    for node in (node for path in settings_modules() for node in ast.walk(ast.parse(path.read_text()))):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in READERS:
             first = node.args[0] if node.args else None
             assert isinstance(first, ast.Constant) and isinstance(first.value, str), (
@@ -54,4 +62,4 @@ def test_every_setting_is_documented():
 def test_every_documented_name_is_read():
     read = settings_names() | other_names()
     stale = sorted(doc for doc in readme_names() if not any(fnmatch.fnmatchcase(name, doc) for name in read))
-    assert not stale, f"README.md documents variables settings.py does not read: {stale}"
+    assert not stale, f"README.md documents variables the settings do not read: {stale}"
