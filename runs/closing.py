@@ -14,10 +14,11 @@ from approvals import interface as approvals
 from runs.audit import audit
 from runs.errors import ErrorCode, error_envelope
 from runs.memory import memory_write
-from runs.models import AuditEvent, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
+from runs.models import AuditEvent, EventType, Run, StepRunStatus, StepStatus, TraceKind
 from runs.outbox import emit_step_event
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
-from runs.steps import IN_FLIGHT, skip_pending, unstarted_result
+from runs.step_lifecycle import IN_FLIGHT, step_set
+from runs.steps import skip_pending, unstarted_result
 from runs.transitions import TraceRecord, TransitionLost, lock_run, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 
@@ -86,11 +87,12 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
     steps = list(run.steps.exclude(status__in=[StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.SKIPPED]))
     skip_pending(run, steps, reason)
     for step in steps:
-        if step.run_status in IN_FLIGHT and Step.objects.filter(
-            pk=step.pk, attempt=step.attempt, run_status=step.run_status
-        ).update(run_status=StepRunStatus.CANCELLED, status=StepStatus.FAILED, finished_at=timezone.now(),
-                 result=unstarted_result(step, step.attempt, step.started_at or timezone.now(),
-                                         error_envelope(ErrorCode.CANCELLED, reason, source="scheduler"))):
+        if step.run_status in IN_FLIGHT and step_set(
+            step, expect=(step.status, step.run_status), to=(StepStatus.FAILED, StepRunStatus.CANCELLED),
+            where={"attempt": step.attempt}, finished_at=timezone.now(),
+            result=unstarted_result(step, step.attempt, step.started_at or timezone.now(),
+                                    error_envelope(ErrorCode.CANCELLED, reason, source="scheduler")),
+        ):
             emit_step_event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
 
 

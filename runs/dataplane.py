@@ -270,7 +270,7 @@ def warm_shim(step: Step, *, following: Step | None = None, handle_id: str = "",
               ) -> ShimLink | None:
     """A shim forked ahead for the step that follows ``step`` on this
     worker: ``following``, when it is known that it will be started as
-    ``handle_id`` with ``plan`` (``runs.execution.Forecast``), its sandbox
+    ``handle_id`` with ``plan`` (``runs.settle.Forecast``), its sandbox
     pre-started there too; else assuming the same isolation as ``step``. A
     spare that does not fit the step that comes goes unused."""
     if following is None or plan is None:

@@ -2,7 +2,7 @@
 deadline, whatever happened to its timer.
 
 The fast path is the timer armed when EXECUTING starts (a ``settle_run``
-message with an ETA, ``execution.executing_started``). That message lives
+message with an ETA, ``settle.executing_started``). That message lives
 in a worker's memory until it is due: a worker killed with ``kill -9``
 leaves it in Redis' unacked set until the visibility timeout (hours), and
 the filesystem broker loses it. So beat runs this scan every
@@ -24,8 +24,8 @@ from django.utils import timezone
 from runs.audit import audit
 from runs.closing import fence_unfinished_steps, run_close
 from runs.errors import ErrorCode, error_envelope
-from runs.execution import run_settle
 from runs.models import AuditEvent, Run, TraceKind
+from runs.settle import run_settle
 from runs.statemachine import RunState
 from runs.transitions import InvalidTransitionError, TraceRecord, TransitionLost, lock_run, run_transition
 

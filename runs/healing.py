@@ -23,7 +23,7 @@ from runs.dataplane import current_host, queue_for, reclaim_reservations
 from runs.dispatch import Claim, enqueue_claims, enqueue_reattach
 from runs.models import AuditEvent, Step, StepRunStatus
 from runs.statemachine import TRANSIENT, RunState
-from runs.steps import IN_FLIGHT
+from runs.step_lifecycle import IN_FLIGHT
 from runs.transitions import InvalidTransitionError, TransitionLost
 
 logger = logging.getLogger(__name__)

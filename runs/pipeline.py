@@ -19,10 +19,10 @@ from runs.context import assemble_context
 from runs.dataplane import bind_rated_plans
 from runs.dispatch import Claim, enqueue_approval_expiry
 from runs.errors import ExecGoError
-from runs.execution import executing_started, run_settle
 from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
 from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
+from runs.settle import executing_started, run_settle
 from runs.statemachine import RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify

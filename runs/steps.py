@@ -3,11 +3,10 @@ will never run, and the envelope of an attempt that ended without running."""
 
 from django.utils import timezone
 
-from runs.models import EventType, Run, Step, StepRunStatus, StepStatus
+from runs.models import EventType, Run, Step, StepStatus
 from runs.outbox import emit_step_event
+from runs.step_lifecycle import NO_ATTEMPT, step_set
 from runtime.envelopes import failed_result
-
-IN_FLIGHT = (StepRunStatus.ACCEPTED, StepRunStatus.RUNNING)
 
 
 def skip_pending(run: Run, steps: list[Step], reason: str) -> None:
@@ -15,10 +14,7 @@ def skip_pending(run: Run, steps: list[Step], reason: str) -> None:
     dispatched meanwhile is left to its attempt)."""
     for step in steps:
         if step.status == StepStatus.PENDING and not step.run_status:
-            if Step.objects.filter(pk=step.pk, status=StepStatus.PENDING, run_status="").update(
-                status=StepStatus.SKIPPED
-            ):
-                step.status = StepStatus.SKIPPED
+            if step_set(step, expect=(StepStatus.PENDING, NO_ATTEMPT), to=(StepStatus.SKIPPED, NO_ATTEMPT)):
                 emit_step_event(run.pk, step, EventType.TASK_CANCELLED, f"skipped: {reason}", {"status": "skipped"})
 
 

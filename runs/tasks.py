@@ -20,11 +20,12 @@ from django.conf import settings
 from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
 from runs.deadlines import scan_deadlines
 from runs.dispatch import enqueue_heal, relay_dispatches
-from runs.execution import execute_claims, run_settle, step_execute, step_reattach
+from runs.execution import execute_claims, step_execute, step_reattach
 from runs.healing import ledger_heal
 from runs.pipeline import run_advance
 from runs.recovery import host_recover, hosts_to_heal
 from runs.retention import purge_expired_artifacts
+from runs.settle import run_settle
 from runs.sweeper import sweep_one, sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
 from runtime import forkserver

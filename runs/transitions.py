@@ -98,47 +98,11 @@ def run_transition(
     """
     run_id = run if isinstance(run, int) else run.pk
     data = data or {}
-    source = expected or ""
+    attempt = _Attempt(source=expected or "", caller=caller)
     try:
         with transaction.atomic():
-            run = Run.objects.defer(*Run.BULKY_FIELDS).get(pk=run_id)
-            source = run.state
-            if caller is None:
-                found = edge(source, target)
-                caller = found.triggered_by if found else "unknown"
-            if expected is not None and source != expected:
-                raise ConcurrentTransition(f"expected {expected}, found {source}")
-            if not is_legal(source, target, closing_cause=run.closing_cause, forced_by=forced_by):
-                raise InvalidTransitionError(run_id, source, target, caller)
-            try:
-                getattr(run, _method_for(target, forced_by))()
-            except TransitionNotAllowed:
-                raise InvalidTransitionError(run_id, source, target, caller) from None
-
-            now = timezone.now()
-            if target == S.TRACING:
-                run.closing_cause = closing_cause_for(source, run.previous_state)
-            if target == S.EXECUTING and run.executing_started_at is None:
-                run.executing_started_at = now
-            if target in FINAL:
-                run.finished_at = now
-            run.previous_state = source
-            run.last_state_change_at = now
-            # Only the machine's own columns: a full save would write back a
-            # cancel request stored by another transaction since our read.
-            run.save(update_fields=TRANSITION_FIELDS)
-
-            transition_data = {"caller": caller, **({"forced_by": forced_by} if forced_by else {}), **data}
-            traces = [Trace(run=run, kind=TraceKind.TRANSITION, from_state=source, to_state=target,
-                            data=transition_data)]
-            if trace is not None:
-                traces.append(Trace(run=run, kind=trace.kind, from_state=source, to_state=target, step=trace.step,
-                                    data=trace.data, error=trace.error))
-            statements.insert(traces)
-            record_state(run, source, target, now, event=FINAL_AUDIT_EVENT.get(target, AuditEvent.STATE_CHANGED),
-                         caller=caller, actor=actor, forced_by=forced_by, message=message or f"{source} → {target}",
-                         data=data)
-            return run
+            return _move(run_id, target, attempt, expected=expected, actor=actor, forced_by=forced_by,
+                         message=message, data=data, trace=trace)
     except InvalidTransitionError as exc:
         audit(AuditEvent.INVALID_TRANSITION, run_id=run_id, tenant_id=_tenant_of(run_id), actor=actor,
               caller=exc.caller, forced_by=forced_by, from_state=exc.source, to_state=target, data=data,
@@ -146,11 +110,64 @@ def run_transition(
         raise
     except ConcurrentTransition:
         current = Run.objects.filter(pk=run_id).values_list("state", flat=True).first() or ""
-        wanted_from = expected or source
+        wanted_from = expected or attempt.source
         audit(AuditEvent.TRANSITION_LOST, run_id=run_id, tenant_id=_tenant_of(run_id), actor=actor,
-              caller=caller or "unknown", forced_by=forced_by, from_state=wanted_from, to_state=target,
+              caller=attempt.caller or "unknown", forced_by=forced_by, from_state=wanted_from, to_state=target,
               data={**data, "current_state": current}, independently=True)
         raise TransitionLost(run_id, wanted_from, target, current) from None
+
+
+@dataclass
+class _Attempt:
+    """What a transition attempt learnt before it failed: the state it
+    found and who it was made for (the audit row of a lost race names both)."""
+
+    source: str
+    caller: str | None
+
+
+def _move(run_id: int, target: RunState, attempt: _Attempt, *, expected: str | None, actor: Any, forced_by: str,
+          message: str, data: dict[str, Any], trace: TraceRecord | None) -> Run:
+    """``run_transition`` inside its transaction: check the edge, stamp and
+    save the run, write its traces and project the new state."""
+    run = Run.objects.defer(*Run.BULKY_FIELDS).get(pk=run_id)
+    source = attempt.source = run.state
+    if attempt.caller is None:
+        found = edge(source, target)
+        attempt.caller = found.triggered_by if found else "unknown"
+    caller = attempt.caller
+    if expected is not None and source != expected:
+        raise ConcurrentTransition(f"expected {expected}, found {source}")
+    if not is_legal(source, target, closing_cause=run.closing_cause, forced_by=forced_by):
+        raise InvalidTransitionError(run_id, source, target, caller)
+    try:
+        getattr(run, _method_for(target, forced_by))()
+    except TransitionNotAllowed:
+        raise InvalidTransitionError(run_id, source, target, caller) from None
+
+    now = timezone.now()
+    if target == S.TRACING:
+        run.closing_cause = closing_cause_for(source, run.previous_state)
+    if target == S.EXECUTING and run.executing_started_at is None:
+        run.executing_started_at = now
+    if target in FINAL:
+        run.finished_at = now
+    run.previous_state = source
+    run.last_state_change_at = now
+    # Only the machine's own columns: a full save would write back a
+    # cancel request stored by another transaction since our read.
+    run.save(update_fields=TRANSITION_FIELDS)
+
+    transition_data = {"caller": caller, **({"forced_by": forced_by} if forced_by else {}), **data}
+    traces = [Trace(run=run, kind=TraceKind.TRANSITION, from_state=source, to_state=target, data=transition_data)]
+    if trace is not None:
+        traces.append(Trace(run=run, kind=trace.kind, from_state=source, to_state=target, step=trace.step,
+                            data=trace.data, error=trace.error))
+    statements.insert(traces)
+    record_state(run, source, target, now, event=FINAL_AUDIT_EVENT.get(target, AuditEvent.STATE_CHANGED),
+                 caller=caller, actor=actor, forced_by=forced_by, message=message or f"{source} → {target}",
+                 data=data)
+    return run
 
 
 def record_state(run: Run, source: str | None, target: str, now: datetime, *, event: AuditEvent, caller: str,

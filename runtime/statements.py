@@ -18,7 +18,11 @@ pays nothing):
   its optimistic lock, together with what records the transition (for a run:
   its trace, event and audit row);
 - a field whose ``pre_save`` is not one of Django's own (a FileField's, say)
-  among ``update``'s values: it would not run.
+  among ``update``'s values: it would not run;
+- a field the model says has one writer (``WRITER_ONLY_FIELDS``) among
+  ``update``'s values, when the model's ``refuse_direct_write`` says that
+  writer is not the one writing (a step's two status layers); asked on
+  every call, since the same statement is the writer's own.
 
 ``update`` does what ``save()`` would for ``auto_now`` fields left out of its
 values: it stamps them with their ``pre_save`` (a value given explicitly wins).
@@ -44,7 +48,9 @@ def update(model: type[Model], where: dict, values: dict, *, using: str = "defau
     if any(value is None for value in where.values()):
         raise ValueError("statements.update filters on equality only; None needs the ORM")
     connection = connections[using]
-    sql, stamped = _update_sql(model, tuple(values), tuple(where), connection.vendor, using)
+    sql, stamped, guarded = _update_sql(model, tuple(values), tuple(where), connection.vendor, using)
+    if guarded:
+        model.refuse_direct_write(values)
     # Django's own date/time pre_save only stores its stamp on the instance:
     # a blank object stands in for the row the UPDATE never loads.
     row = SimpleNamespace()
@@ -106,8 +112,9 @@ def _refuse_state(model: type[Model], field: Field, statement: str) -> None:
 # names the connection that quotes.
 @lru_cache(maxsize=None)
 def _update_sql(model: type[Model], set_names: tuple[str, ...], where_names: tuple[str, ...], vendor: str,
-                using: str) -> tuple[str, tuple[Field, ...]]:
-    """The UPDATE and the ``auto_now`` fields it stamps after ``set_names``."""
+                using: str) -> tuple[str, tuple[Field, ...], bool]:
+    """The UPDATE, the ``auto_now`` fields it stamps after ``set_names``, and
+    whether it writes a field that has one writer."""
     meta = model._meta
     given = [meta.get_field(name) for name in set_names]
     for field in given:
@@ -119,7 +126,8 @@ def _update_sql(model: type[Model], set_names: tuple[str, ...], where_names: tup
     assignments = ", ".join(f"{column} = %s" for column in
                             _columns(model, set_names, using) + [_quote(using, field.column) for field in stamped])
     conditions = " AND ".join(f"{column} = %s" for column in _columns(model, where_names, using))
-    return f"UPDATE {_quote(using, meta.db_table)} SET {assignments} WHERE {conditions}", stamped
+    guarded = bool(set(set_names) & set(getattr(model, "WRITER_ONLY_FIELDS", ())))
+    return f"UPDATE {_quote(using, meta.db_table)} SET {assignments} WHERE {conditions}", stamped, guarded
 
 
 @lru_cache(maxsize=None)

@@ -6,7 +6,9 @@ Run lifecycle (the full table is data in ``runs.statemachine``)::
                     any failure ↘ FAILED | TIMEOUT | REJECTED | CANCELLED
     EXECUTING (success) and every transient state → TRACING → one final state
 
-``Run.state`` is written only by ``runs.transitions.run_transition``.
+``Run.state`` is written only by ``runs.transitions.run_transition``; a
+step's ``status`` and ``run_status`` (its lifecycle: ``runs.step_lifecycle``)
+only by ``runs.step_lifecycle.step_set``.
 """
 
 import secrets
@@ -18,6 +20,7 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from runs.statemachine import FINAL, FINAL_STATE_FOR_CAUSE, ClosingCause, RunState, sources_into
+from runs.step_lifecycle import INITIAL, STATUS_FIELDS, StepRunStatus, StepStatus, refuse_direct_write
 
 S = RunState
 
@@ -247,27 +250,19 @@ class Run(ConcurrentTransitionMixin, models.Model):
     def to_closed_cancelled(self) -> None: ...
 
 
-class StepStatus(models.TextChoices):
-    """Scheduling layer (the step's place in the DAG)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCESS = "success"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-
-
-class StepRunStatus(models.TextChoices):
-    """Runtime layer (one real execution): accepted → running → terminal."""
-
-    ACCEPTED = "accepted"
-    RUNNING = "running"
-    SUCCESS = "success"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+class StepQuerySet(models.QuerySet):
+    def update(self, **fields):
+        refuse_direct_write(fields)
+        return super().update(**fields)
 
 
 class Step(models.Model):
+    """One step of a run's plan. Its two status layers are written by
+    ``runs.step_lifecycle.step_set`` only: a save, a QuerySet update or a
+    compiled UPDATE (``runtime.statements``) writing them otherwise raises."""
+
+    WRITER_ONLY_FIELDS = STATUS_FIELDS
+
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     step_id = models.CharField(max_length=100)
     position = models.PositiveIntegerField()
@@ -293,9 +288,28 @@ class Step(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = StepQuerySet.as_manager()
+
     class Meta:
         ordering = ["run_id", "position"]
         constraints = [models.UniqueConstraint(fields=["run", "step_id"], name="step_id_unique_per_run")]
 
     def __str__(self) -> str:
         return f"Step {self.step_id} of run {self.run_id} ({self.status})"
+
+    refuse_direct_write = staticmethod(refuse_direct_write)
+
+    def save(self, *args, **kwargs):
+        """A step is created pending with no attempt; its status layers
+        change through ``step_set`` only. (The row is read back to compare
+        only here, where the application never saves a step, so that the
+        steps settle reads carry nothing extra.)"""
+        fields = kwargs.get("update_fields")
+        written = [name for name in STATUS_FIELDS if name in self.__dict__ and (fields is None or name in fields)]
+        if written:
+            if self._state.adding:
+                before = dict(zip(STATUS_FIELDS, INITIAL))
+            else:
+                before = type(self).objects.filter(pk=self.pk).values(*STATUS_FIELDS).first() or {}
+            refuse_direct_write(written, changed=any(before.get(name) != getattr(self, name) for name in written))
+        super().save(*args, **kwargs)

@@ -123,7 +123,7 @@ def test_a_run_before_its_deadline_and_runs_in_other_states_are_left_alone(make_
 
 
 def test_the_run_timer_expires_so_a_parked_copy_is_dropped_when_it_comes_back(make_run):
-    from runs.execution import executing_started
+    from runs.settle import executing_started
     from tests.runs.test_ledger_heal import queued
 
     purge_broker()

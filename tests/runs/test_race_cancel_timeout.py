@@ -16,9 +16,9 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from runs.closing import run_close
-from runs.execution import run_settle
 from runs.models import AuditLog, Job, Run, Step, Trace
 from runs.services import run_cancel
+from runs.settle import run_settle
 from runs.transitions import TransitionLost, run_transition
 from tests.conftest import postgres_only
 
