@@ -39,6 +39,8 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-bench-only-" + "0123456789abc
 os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 
+from runs.step_lifecycle import placing_steps  # noqa: E402
+
 POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/execgo_bench_statements"
 HOST = "bench-statements"
 RESULT = {"status": "success", "output": {"stdout": "ok\n", "exit_code": 0}, "error": None, "duration_ms": 3}
@@ -88,6 +90,7 @@ def print_rows(vendor: str, samples: dict[str, list[float]]) -> None:
         print(f"{vendor:<12}{path:<10}{len(times):>6}{median:>11.0f}{p95:>10.0f}{median / compiled:>8.2f}")
 
 
+@placing_steps()  # the two paths write the step statuses of a chain directly: what they cost is measured
 def measure(iterations: int, seconds: float) -> tuple[str, dict[str, list[float]]]:
     import django
 

@@ -22,12 +22,9 @@ expects), refusing a move that is not in ``MOVES``. ``runs.models.Step``
 refuses a status written any other way (``refuse_direct_write``).
 """
 
-import os
-import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from pathlib import Path
 
 from django.db import models
 
@@ -159,31 +156,25 @@ def step_set(step, *, expect: tuple[str, str], to: tuple[str, str], where: dict 
     return bool(won)
 
 
-# Who may place a step in a state directly: tests' factories and the
-# benchmarks' set-up (as tests' factories create runs in any state). Code
-# under these folders is let through; the application's code is not.
-_HARNESS = tuple(str(Path(__file__).resolve().parent.parent / folder) + os.sep for folder in ("tests", "bench"))
-# The frames between a writer and the guard: Django's managers, querysets
-# and model base, the guard's own modules.
-_PASS_THROUGH = ("django.db.models", "runs.models.run", "runs.step_lifecycle", "runtime.statements")
+_placing: ContextVar[bool] = ContextVar("steps_placed_directly", default=False)
 
 
-def _written_by_a_harness() -> bool:
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not module.startswith(_PASS_THROUGH):
-            return os.path.realpath(frame.f_code.co_filename).startswith(_HARNESS)
-        frame = frame.f_back
-    return False
+@contextmanager
+def placing_steps():
+    """Within it, steps may be put in any state directly: what the test
+    suite's factories and the benchmarks' set-up do to build a run as it
+    would be at some point of its life. The application never enters it."""
+    token = _placing.set(True)
+    try:
+        yield
+    finally:
+        _placing.reset(token)
 
 
 def refuse_direct_write(fields, *, changed: bool = True) -> None:
     """The guard of ``Step``'s save, its QuerySet's update and the compiled
     UPDATE: a status layer among ``fields`` (and ``changed``) written
-    outside ``step_set`` raises, unless a test or a benchmark writes it."""
-    if not changed or _writing.get() or not any(name in fields for name in STATUS_FIELDS):
+    outside ``step_set`` raises, unless within ``placing_steps``."""
+    if not changed or _writing.get() or _placing.get() or not any(name in fields for name in STATUS_FIELDS):
         return
-    if not _written_by_a_harness():
-        raise InvalidStepTransition("a step's status and run_status are written by "
-                                    "runs.step_lifecycle.step_set only")
+    raise InvalidStepTransition("a step's status and run_status are written by runs.step_lifecycle.step_set only")

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 
 from runs.models import Job, Membership, Run, Tenant
 from runs.statemachine import FINAL
+from runs.step_lifecycle import placing_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +39,18 @@ def no_dns(monkeypatch):
         raise OSError(f"no DNS in tests: {host}")
 
     monkeypatch.setattr(egress, "resolve_name", hosts_only)
+
+
+@pytest.fixture(autouse=True)
+def steps_placed_directly(request):
+    """The suite's factories put steps in any state directly
+    (``runs.step_lifecycle.placing_steps``); the tests of that guard itself
+    (marked ``step_guard``) see the application's rule."""
+    if request.node.get_closest_marker("step_guard"):
+        yield
+        return
+    with placing_steps():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ from runs.step_lifecycle import (
     RUN_STATUS_TRANSITIONS,
     STATUS_TRANSITIONS,
     InvalidStepTransition,
+    placing_steps,
     step_set,
 )
 from runtime import statements
@@ -212,12 +213,13 @@ def test_step_set_moves_a_step_exactly_when_the_move_is_declared_and_the_row_hol
 # --- the guard -------------------------------------------------------------------
 
 def as_the_kernel(source: str, **names) -> None:
-    """Run ``source`` as application code would (a module of the kernel, not a test)."""
+    """Run ``source`` as application code does: outside ``placing_steps``
+    (these tests are marked ``step_guard``, so the suite's own factories'
+    leave does not apply)."""
     exec(compile(source, str(ROOT / "runs" / "somewhere.py"), "exec"), {"__name__": "runs.somewhere", **names})
 
 
-@pytest.mark.django_db
-@pytest.mark.parametrize("write", [
+WRITES = [
     "Step.objects.filter(pk=pk).update(status='failed')",
     "Step.objects.filter(pk=pk).update(run_status='accepted', attempt=1)",
     "step = Step.objects.get(pk=pk); step.status = 'skipped'; step.save()",
@@ -225,7 +227,12 @@ def as_the_kernel(source: str, **names) -> None:
     "statements.update(Step, {'id': pk}, {'run_status': 'running'})",
     "Step.objects.create(run_id=run_id, step_id='b', position=1, tool='shell', params={}, timeout_s=5,"
     " status='success')",
-])
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.step_guard
+@pytest.mark.parametrize("write", WRITES)
 def test_a_status_written_outside_step_set_by_the_application_is_refused(step, write):
     before = row(step)
 
@@ -237,6 +244,21 @@ def test_a_status_written_outside_step_set_by_the_application_is_refused(step, w
 
 
 @pytest.mark.django_db
+@pytest.mark.step_guard
+@pytest.mark.parametrize("write", WRITES)
+def test_only_placing_steps_lets_a_status_be_written_directly(step, write):
+    """The leave the suite's factories and the benchmarks take, and only
+    they: nothing of the application enters ``placing_steps``."""
+    before = row(step)
+
+    with placing_steps():
+        as_the_kernel(write, Step=Step, statements=statements, pk=step.pk, run_id=step.run_id)
+
+    assert row(step) != before or Step.objects.filter(run_id=step.run_id).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.step_guard
 def test_the_application_writes_a_step_freely_but_for_its_status(step):
     as_the_kernel("Step.objects.filter(pk=pk).update(progress=40)\n"
                   "statements.update(Step, {'id': pk}, {'host': 'elsewhere'})\n"
