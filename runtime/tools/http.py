@@ -17,7 +17,7 @@ PID and user namespaces, and the seccomp filter of shell steps when the
 plan has it).
 
 Its network (``helper_network``): a network namespace of its own behind
-pasta (``sandbox.pasta_argv``: no gateway mapped to the host, no port of
+pasta (``sandbox_argv.pasta_argv``: no gateway mapped to the host, no port of
 the host's loopback forwarded in, TCP only), for every destination but an
 allow-listed internal one. So a response that takes the parser over finds
 no database credentials in its process, and no way to the host's loopback
@@ -57,7 +57,7 @@ from django.conf import settings
 from runtime import egress, syscall_filter
 from runtime.capabilities import capability_manifest
 from runtime.envelopes import EnvelopeError, error_envelope
-from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
+from runtime.sandbox_argv import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 RETRYABLE_STATUS = {408, 429}

@@ -24,7 +24,8 @@ from django.conf import settings
 
 from runtime import shim, syscall_filter
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
-from runtime.sandbox import bwrap_argv, bwrap_path, identity_files, mount_plan, pasta_argv, pasta_path
+from runtime.sandbox import identity_files, mount_plan
+from runtime.sandbox_argv import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
