@@ -36,12 +36,12 @@ def pasta_path() -> str | None:
 
 def pasta_argv(pasta: str, *, tcp_only: bool = False) -> list[str]:
     """The user-mode NAT in front of bubblewrap for ``"network": "internet"``
-    (and of an http step's request, runtime/tools/http.py): pasta makes the
-    network namespace (bubblewrap then shares it) with a copy of the host's
-    address and routes, so the host's own address is the step's own; the
-    gateway is not mapped to the host (``--no-map-gw``) and no port of the
-    host's loopback is forwarded in (``-T none -U none``), nor of the step's
-    out (``-t none -u none``). ``tcp_only``: no UDP or ICMP leaves the
+    (and of an http step's request, runtime/tools/http_process.py): pasta
+    makes the network namespace (bubblewrap then shares it) with a copy of
+    the host's address and routes, so the host's own address is the step's
+    own; the gateway is not mapped to the host (``--no-map-gw``) and no port
+    of the host's loopback is forwarded in (``-T none -U none``), nor of the
+    step's out (``-t none -u none``). ``tcp_only``: no UDP or ICMP leaves the
     namespace (a request needs neither: it connects to a checked address)."""
     return [pasta, "--config-net", "--quiet", "--no-map-gw", "-t", "none", "-u", "none", "-T", "none", "-U", "none",
             *(["--no-udp", "--no-icmp"] if tcp_only else []), "--"]
