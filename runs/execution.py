@@ -13,8 +13,9 @@ meanwhile the fork server forks the next step's shim (a spare, started once
 that transaction has committed, closed unused if no step follows here).
 That next step is forecast before the transaction (``runs.settle.Forecast``):
 its handle and plan are fixed then, so the spare can also set up its
-sandbox meanwhile (``runtime.shim.Prestart``); the shim runs the command
-there only if the step's request turns out to be exactly the one forecast.
+sandbox meanwhile (``runtime.shim_prestart.Prestart``); the shim runs the
+command there only if the step's request turns out to be exactly the one
+forecast.
 """
 
 import logging

@@ -27,6 +27,7 @@ from django.conf import settings
 
 from runtime import shim
 from runtime.envelopes import EnvelopeError
+from runtime.forkserver import ShimLink
 from runtime.launcher import ShimHandle, reap_spawned
 from runtime.layout import LAUNCH_FILE, load_json, task_dir, write_json_atomic
 from runtime.tools import shell as shell_tool
@@ -172,7 +173,6 @@ def wait(
     request = request or load_json(directory / shim.REQUEST_FILE)
     if request is None:
         raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
-    result_path = directory / shim.RESULT_FILE
     progress = _ProgressTail(directory / shim.PROGRESS_FILE, on_progress)
     backstop = (
         time.monotonic()
@@ -180,17 +180,30 @@ def wait(
         + float(request.get("kill_grace_s", 0.5))
         + settings.EXECGO_SHIM_BACKSTOP_S
     )
-    cancel_sent, pidfd = False, None
     link = launched.link if launched is not None else None
     # A shim forked by the server is the launched process itself (one spawned
     # under unshare is that process's child: shim.json names it).
     info = None
     if launched is not None and launched.via in ("forkserver", "spare"):
         info = {"pid": launched.pid, "create_time": launched.create_time}
+    _await_shim_end(handle_id, directory, link=link, info=info, backstop=backstop, progress=progress,
+                    cancel_requested=cancel_requested, poll_interval=poll_interval)
+    progress.poll()
+    result = read_result(handle_id, request=request)
+    assert result is not None  # every path of _await_shim_end leaves a result.json
+    return result
+
+
+def _await_shim_end(handle_id: str, directory: Path, *, link: ShimLink | None, info: dict[str, Any] | None, backstop: float,
+                    progress: _ProgressTail, cancel_requested: Callable[[], bool] | None,
+                    poll_interval: float) -> None:
+    """Wait for the shim's end, not just for result.json: when this returns,
+    the step's processes are gone (a shim says "done" only once it has
+    killed and reaped them all), and a result.json is there, the shim's or
+    one recording why it has none. Closes ``link``."""
+    cancel_sent, pidfd = False, None
+    result_path = directory / shim.RESULT_FILE
     try:
-        # Wait for the shim's end, not just for result.json: when wait()
-        # returns, the step's processes are gone (a shim says "done" only
-        # once it has killed and reaped them all).
         while True:
             if link is None and pidfd is None:
                 info = info or _shim_info(directory)
@@ -219,7 +232,3 @@ def wait(
             os.close(pidfd)
         if link is not None:
             link.close()
-    progress.poll()
-    result = read_result(handle_id, request=request)
-    assert result is not None  # every path above leaves a result.json
-    return result

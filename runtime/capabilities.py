@@ -26,7 +26,7 @@ from django.conf import settings
 
 from runtime import syscall_filter
 from runtime.layout import shim_command
-from runtime.sandbox import bwrap_argv, bwrap_path, pasta_argv, pasta_path
+from runtime.sandbox_argv import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 
 _lock = threading.Lock()
 _cached: str | None = None  # the manifest as JSON: each caller gets its own copy, cheaper parsed than deep-copied
@@ -168,7 +168,7 @@ def _probe_user_namespaces(drop_uid: int | None) -> dict[str, Any]:
 
 
 def _probe_pasta(drop_uid: int | None) -> dict[str, Any]:
-    """The user-mode NAT of ``"network": "internet"`` (see sandbox.pasta_argv),
+    """The user-mode NAT of ``"network": "internet"`` (see sandbox_argv.pasta_argv),
     run for real as the sandbox uid."""
     path = pasta_path()
     if not path:

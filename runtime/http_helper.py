@@ -1,9 +1,9 @@
 """The process an http step's request runs in: one request to one address.
 
-Started by runtime/tools/http.py as ``python -I -S -c <this file's text>``
-(the checkout may be hidden from the step's sandbox), with a built
-environment, no inherited descriptors but its three standard ones, as the
-step's uid, where bubblewrap is inside the step's sandbox and, unless the
+Started by runtime/tools/http_process.py as ``python -I -S -c <this
+file's text>`` (the checkout may be hidden from the step's sandbox), with a
+built environment, no inherited descriptors but its three standard ones, as
+the step's uid, where bubblewrap is inside the step's sandbox and, unless the
 destination is an allow-listed internal one, in a network namespace of its
 own behind pasta (the host's loopback out of reach). It imports the
 standard library only, so nothing of the worker (its settings, its

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 
-from runtime import forkserver, shim
+from runtime import forkserver, shim, shim_exec, shim_prestart
 from runtime.envelopes import EnvelopeError
 from runtime.layout import (
     LAUNCH_FILE,
@@ -139,7 +139,7 @@ def _shell_request(handle_id: str, params: dict, plan: dict) -> dict[str, Any]:
 def sandbox_preset(handle_id: str, *, tool: str, params: dict, plan: dict) -> str | None:
     """For a step that will most likely be prepared as ``handle_id`` with
     ``plan``: the exec fields its request will have, as the preset of a
-    spare that pre-starts its sandbox (see ``shim.Prestart``) -> JSON, or
+    spare that pre-starts its sandbox (see ``shim_prestart.Prestart``) -> JSON, or
     None when it starts the usual way: no bubblewrap sandbox in a PID
     namespace of its own, stdin (its file comes with the request), outbound
     network (pasta starts in front of bubblewrap), or what the gate would
@@ -159,7 +159,7 @@ def sandbox_preset(handle_id: str, *, tool: str, params: dict, plan: dict) -> st
         return None
     if not _gate_keeps(command, handle_id, plan):
         return None
-    return json.dumps({name: command.get(name) for name in shim.PRESET_FIELDS})
+    return json.dumps({name: command.get(name) for name in shim_prestart.PRESET_FIELDS})
 
 
 # Variables the gate's shell sets or reads itself (dash): a step naming one
@@ -169,14 +169,14 @@ SHELL_VARIABLES = frozenset({"PWD", "OLDPWD", "PPID", "IFS", "OPTIND", "OPTARG",
 
 
 def _gate_keeps(command: dict[str, Any], handle_id: str, plan: dict) -> bool:
-    """Whether the pre-started sandbox's gate (``shim.GATE_ARGV``) execs the
+    """Whether the pre-started sandbox's gate (``shim_prestart.GATE_ARGV``) execs the
     command as bubblewrap itself would. Its shell passes every variable on
     but its own (in another order), and it would report an exec failure in
     its own words: so the program must be one the step's uid can run, found
     in what the sandbox shows of the host (its system directories and
     read-only paths, not in a tmpfs or hidden path)."""
     env = command["env"]
-    if SHELL_VARIABLES & env.keys() or not os.access(shim.GATE_ARGV[0], os.X_OK):
+    if SHELL_VARIABLES & env.keys() or not os.access(shim_prestart.GATE_ARGV[0], os.X_OK):
         return False
     readonly = plan.get("readonly_paths") or ()
     masked = [mount["path"] for mount in mount_plan(workspace=str(task_dir(handle_id) / WORKSPACE_DIR),
@@ -193,7 +193,7 @@ def _program(file: str, path: str | None) -> str | None:
     None when that depends on the working directory (the workspace)."""
     if not file.startswith("/") and ("/" in file or any(not d.startswith("/") for d in (path or "").split(":"))):
         return None
-    return next(iter(shim.proc.program_paths(file, {"PATH": path or ""})), None)
+    return next(iter(shim_exec.program_paths(file, {"PATH": path or ""})), None)
 
 
 def _runnable(program: str, *, uid: int | None, masked: list[str], visible: list[str]) -> bool:

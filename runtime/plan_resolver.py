@@ -150,92 +150,32 @@ def resolve_plan(
     manifest: Mapping[str, Any] | None = None,
     uid_key: int | None = None,
 ) -> dict[str, Any]:
+    """The effective plan of a step that asks for ``requested`` on a host
+    described by ``manifest`` (see the module docstring); ``uid_key``: the
+    step's id, which picks its uid (``step_uid``)."""
     requested = dict(requested or {})
-    unknown = sorted(set(requested) - SANDBOX_KEYS)
-    if unknown:
-        raise _invalid(f"unknown sandbox fields: {', '.join(unknown)}", unknown=unknown)
-    mode = mode or settings.EXECGO_SANDBOX_MODE
-    if mode not in MODES:
-        raise _invalid(f"mode must be one of {', '.join(MODES)}", mode=mode)
-    profile = requested.get("profile")
-    if profile is not None and profile not in PROFILES:
-        raise _invalid(f"profile must be one of {', '.join(PROFILES)}", profile=profile)
-    network = requested.get("network") or "none"
-    if network not in NETWORKS:
-        raise _invalid(f"network must be one of {', '.join(NETWORKS)}", network=network)
+    mode, profile, network = _checked_request(requested, mode)
     limits = normalize_limits(requested.get("limits"))
     manifest = manifest if manifest is not None else capability_manifest()
-
-    downgrades: list[dict[str, Any]] = []
+    downgrades = _Downgrades(mode)
     notes: list[str] = []
-
-    def downgrade(what: str, wanted: Any, effective: Any, reason: str, *, allowed: bool = False) -> None:
-        if mode == "strict" and not allowed:
-            raise _denied(f"cannot honour {what}={wanted!r}: {reason}", what=what, requested=wanted, reason=reason)
-        downgrades.append({"what": what, "requested": wanted, "effective": effective, "reason": reason})
-
-    user = manifest.get("user") or {}
-    is_root = bool(user.get("is_root"))
     uid = step_uid(uid_key, manifest)
-    bubblewrap = manifest.get("bubblewrap") or {}
     namespaces = manifest.get("namespaces") or {}
     # The shim's own namespaces need root (CAP_SYS_ADMIN) and the probe's word that they work.
-    own_namespaces = is_root and bool(namespaces.get("mount")) and bool(namespaces.get("net"))
-
-    effective_profile = profile or "linux_sandbox"
-    if effective_profile == "linux_sandbox" and not bubblewrap.get("available"):
-        reason = f"bubblewrap unusable on this host: {bubblewrap.get('error') or 'not available'}"
-        # The default is "the strongest there is": falling back is no refusal.
-        downgrade("profile", "linux_sandbox", "process", reason, allowed=profile is None)
-        effective_profile = "process"
-
-    seccomp = effective_profile == "linux_sandbox"
-    if seccomp and not (manifest.get("seccomp") or {}).get("available"):
-        reason = (manifest.get("seccomp") or {}).get("error") or "not available"
-        downgrade("seccomp", True, False, f"the system call filter cannot be applied on this host: {reason}")
-        seccomp = False
-
+    own_namespaces = (bool((manifest.get("user") or {}).get("is_root")) and bool(namespaces.get("mount"))
+                      and bool(namespaces.get("net")))
+    effective_profile, seccomp = _profile_on_host(profile, manifest, downgrades)
     contained = effective_profile == "linux_sandbox" or own_namespaces
-    effective_network = network
-    if not contained:
-        downgrade("network", network, "host", "this host cannot give the step a network namespace "
-                  "(no bubblewrap, and the worker cannot create namespaces)")
-        effective_network = "host"
-    elif network == "internet" and not (manifest.get("pasta") or {}).get("available"):
-        downgrade("network", "internet", "host", "pasta is not available: no isolated outbound network")
-        effective_network = "host"
-    elif network == "internet" and effective_profile != "linux_sandbox":
-        downgrade("network", "internet", "host", "an isolated outbound network needs bubblewrap")
-        effective_network = "host"
-    if not contained and limits.get("workspace_bytes") is not None:
-        downgrade("limits.workspace_bytes", limits["workspace_bytes"], None,
-                  "no mount namespace to size the workspace in")
-        limits["workspace_bytes"] = None
-
-    rlimits = manifest.get("rlimits") or {}
-    asked = {name: value for name, value in limits.items()
-             if value is not None and name not in ("log_cap_bytes", "workspace_bytes")}
-    if asked and not rlimits.get("enforced"):
-        for name, value in sorted(asked.items()):
-            downgrade(f"limits.{name}", value, None, "rlimits are not enforced on this host")
-            limits[name] = None
-
-    if is_root and uid is None:
-        notes.append("runs as root: EXECGO_SANDBOX_UID is none")
-        if limits["processes"] is not None:
-            downgrade("limits.processes", limits["processes"], None, "RLIMIT_NPROC is not enforced for root")
-            limits["processes"] = None
-
+    effective_network = _network_on_host(network, effective_profile, contained, manifest, downgrades)
+    _limits_on_host(limits, contained=contained, uid=uid, manifest=manifest, downgrades=downgrades, notes=notes)
     try:
         extra_paths = readonly_paths() if contained else []
     except ValueError as exc:
         raise _invalid(f"EXECGO_SANDBOX_READONLY_PATHS: {exc}", setting="EXECGO_SANDBOX_READONLY_PATHS") from None
-
     pid_namespace = (manifest.get("pid_namespace") or {}).get("available")
     tree_kill = "pid_namespace" if pid_namespace else "process_scan"
     if not pid_namespace:
         notes.append("no PID namespace: descendants are tracked by /proc scan and environment marker")
-
     return {
         "profile": effective_profile,
         "requested_profile": profile,
@@ -253,7 +193,95 @@ def resolve_plan(
         "namespaces": effective_profile == "process" and own_namespaces,
         # bubblewrap loads runtime.syscall_filter's program (linux_sandbox only).
         "seccomp": seccomp,
-        "downgrades": downgrades,
+        "downgrades": downgrades.entries,
         "notes": notes,
         "host": (manifest.get("host") or {}).get("name"),
     }
+
+
+def _checked_request(requested: Mapping[str, Any], mode: str | None) -> tuple[str, str | None, str]:
+    """The request's mode, profile and network -> invalid_input for any
+    unknown field or value."""
+    unknown = sorted(set(requested) - SANDBOX_KEYS)
+    if unknown:
+        raise _invalid(f"unknown sandbox fields: {', '.join(unknown)}", unknown=unknown)
+    mode = mode or settings.EXECGO_SANDBOX_MODE
+    if mode not in MODES:
+        raise _invalid(f"mode must be one of {', '.join(MODES)}", mode=mode)
+    profile = requested.get("profile")
+    if profile is not None and profile not in PROFILES:
+        raise _invalid(f"profile must be one of {', '.join(PROFILES)}", profile=profile)
+    network = requested.get("network") or "none"
+    if network not in NETWORKS:
+        raise _invalid(f"network must be one of {', '.join(NETWORKS)}", network=network)
+    return mode, profile, network
+
+
+class _Downgrades:
+    """A plan's downgrades, in the order they were found. In strict mode a
+    downgrade refuses the step instead (``denied``), unless it is
+    ``allowed``."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.entries: list[dict[str, Any]] = []
+
+    def add(self, what: str, wanted: Any, effective: Any, reason: str, *, allowed: bool = False) -> None:
+        if self.mode == "strict" and not allowed:
+            raise _denied(f"cannot honour {what}={wanted!r}: {reason}", what=what, requested=wanted, reason=reason)
+        self.entries.append({"what": what, "requested": wanted, "effective": effective, "reason": reason})
+
+
+def _profile_on_host(profile: str | None, manifest: Mapping[str, Any], downgrades: _Downgrades
+                     ) -> tuple[str, bool]:
+    """The profile the step gets here, and whether its seccomp filter applies."""
+    bubblewrap = manifest.get("bubblewrap") or {}
+    effective_profile = profile or "linux_sandbox"
+    if effective_profile == "linux_sandbox" and not bubblewrap.get("available"):
+        reason = f"bubblewrap unusable on this host: {bubblewrap.get('error') or 'not available'}"
+        # The default is "the strongest there is": falling back is no refusal.
+        downgrades.add("profile", "linux_sandbox", "process", reason, allowed=profile is None)
+        effective_profile = "process"
+    seccomp = effective_profile == "linux_sandbox"
+    if seccomp and not (manifest.get("seccomp") or {}).get("available"):
+        reason = (manifest.get("seccomp") or {}).get("error") or "not available"
+        downgrades.add("seccomp", True, False, f"the system call filter cannot be applied on this host: {reason}")
+        seccomp = False
+    return effective_profile, seccomp
+
+
+def _network_on_host(network: str, effective_profile: str, contained: bool, manifest: Mapping[str, Any],
+                     downgrades: _Downgrades) -> str:
+    """The network the step gets here."""
+    if not contained:
+        downgrades.add("network", network, "host", "this host cannot give the step a network namespace "
+                       "(no bubblewrap, and the worker cannot create namespaces)")
+        return "host"
+    if network == "internet" and not (manifest.get("pasta") or {}).get("available"):
+        downgrades.add("network", "internet", "host", "pasta is not available: no isolated outbound network")
+        return "host"
+    if network == "internet" and effective_profile != "linux_sandbox":
+        downgrades.add("network", "internet", "host", "an isolated outbound network needs bubblewrap")
+        return "host"
+    return network
+
+
+def _limits_on_host(limits: dict[str, int | None], *, contained: bool, uid: int | None,
+                    manifest: Mapping[str, Any], downgrades: _Downgrades, notes: list[str]) -> None:
+    """Drop from ``limits`` what this host cannot enforce for the step."""
+    if not contained and limits.get("workspace_bytes") is not None:
+        downgrades.add("limits.workspace_bytes", limits["workspace_bytes"], None,
+                       "no mount namespace to size the workspace in")
+        limits["workspace_bytes"] = None
+    rlimits = manifest.get("rlimits") or {}
+    asked = {name: value for name, value in limits.items()
+             if value is not None and name not in ("log_cap_bytes", "workspace_bytes")}
+    if asked and not rlimits.get("enforced"):
+        for name, value in sorted(asked.items()):
+            downgrades.add(f"limits.{name}", value, None, "rlimits are not enforced on this host")
+            limits[name] = None
+    if (manifest.get("user") or {}).get("is_root") and uid is None:
+        notes.append("runs as root: EXECGO_SANDBOX_UID is none")
+        if limits["processes"] is not None:
+            downgrades.add("limits.processes", limits["processes"], None, "RLIMIT_NPROC is not enforced for root")
+            limits["processes"] = None

@@ -1,5 +1,6 @@
-"""What a contained step sees, and the bubblewrap command line that gives
-it that in the ``linux_sandbox`` profile.
+"""What a contained step sees: the host paths it is shown, those hidden from
+it, its own /etc/passwd, and the mounts that make that view in either
+profile (``mount_plan``).
 
 A contained step sees a minimal filesystem, not the host's:
 
@@ -23,23 +24,13 @@ A contained step sees a minimal filesystem, not the host's:
   limit (a quota that needs no cgroups: a write past it fails with ENOSPC);
 - a network namespace of its own unless the plan says ``host``.
 
-``linux_sandbox`` builds that view on an empty root (read-only once built,
-so nothing written outside the sized tmpfs stays in memory), with /proc of
-its own PID namespace and a minimal /dev, and adds a user namespace, a new
-session (no TIOCSTI on the caller's terminal), no capabilities, a cleared
-environment, death with the parent, no new user namespaces
-(``--disable-userns``), no_new_privs (bubblewrap always sets it) and, where
-the plan says ``seccomp``, the system call filter of
-``runtime.syscall_filter``. The uid is dropped by the shim *before*
-bubblewrap runs, so the kernel sees the step's own uid (RLIMIT_NPROC counts
-against it and root-owned files stay out of reach); ``--uid`` only keeps
-that id inside the user namespace.
-
-The ``process`` profile keeps the host's root and gets the mounts from the
-shim itself (see ``shim_process.isolate``), in a mount namespace of the
-command's own: every top-level directory of the host but the system ones,
-/proc, /dev and /tmp is covered by an empty tmpfs (a top-level file by the
-unreadable empty one), and the rest as above.
+``linux_sandbox`` builds that view with bubblewrap, on an empty root (its
+command line: runtime/sandbox_argv.py). The ``process`` profile keeps the
+host's root and gets the mounts from the shim itself (see
+``shim_isolation.isolate``), in a mount namespace of the command's own:
+every top-level directory of the host but the system ones, /proc, /dev and
+/tmp is covered by an empty tmpfs (a top-level file by the unreadable empty
+one), and the rest as above.
 
 Each mount costs a step time (bubblewrap re-reads its mount table for each
 one): one bind of /etc with a few covers, not a bind per entry of /etc.
@@ -48,7 +39,6 @@ one): one bind of /etc with a few covers, not a bind per entry of /etc.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -80,27 +70,6 @@ HIDDEN_FILE_NAME = "sandbox-hidden-file"
 # kept in its task directory under these names.
 STEP_USER = "execgo-step"
 IDENTITY_FILES = {"/etc/passwd": "etc-passwd", "/etc/group": "etc-group"}
-
-
-def bwrap_path() -> str | None:
-    return settings.EXECGO_BWRAP_PATH or shutil.which("bwrap")
-
-
-def pasta_path() -> str | None:
-    return settings.EXECGO_PASTA_PATH or shutil.which("pasta")
-
-
-def pasta_argv(pasta: str, *, tcp_only: bool = False) -> list[str]:
-    """The user-mode NAT in front of bubblewrap for ``"network": "internet"``
-    (and of an http step's request, runtime/tools/http.py): pasta makes the
-    network namespace (bubblewrap then shares it) with a copy of the host's
-    address and routes, so the host's own address is the step's own; the
-    gateway is not mapped to the host (``--no-map-gw``) and no port of the
-    host's loopback is forwarded in (``-T none -U none``), nor of the step's
-    out (``-t none -u none``). ``tcp_only``: no UDP or ICMP leaves the
-    namespace (a request needs neither: it connects to a checked address)."""
-    return [pasta, "--config-net", "--quiet", "--no-map-gw", "-t", "none", "-u", "none", "-T", "none", "-U", "none",
-            *(["--no-udp", "--no-icmp"] if tcp_only else []), "--"]
 
 
 def _under(path: str, parents: Iterable[str]) -> bool:
@@ -372,77 +341,3 @@ def mount_plan(*, workspace: str, cwd: str, limits: Mapping[str, Any], writable_
         {"path": workspace, "kind": "workspace", "bytes": quota, "cwd": cwd},
     ]
     return mounts
-
-
-def bwrap_argv(
-    *,
-    bwrap: str,
-    workspace: str,
-    cwd: str,
-    env: Mapping[str, str],
-    uid: int | None,
-    gid: int | None,
-    limits: Mapping[str, Any] | None = None,
-    network: str = "none",
-    readonly_paths: Iterable[str] = (),
-    identity: Mapping[str, str] | None = None,
-    seccomp_fd: int | None = None,
-) -> list[str]:
-    """``seccomp_fd``: the descriptor bubblewrap reads the filter of
-    ``runtime.syscall_filter`` from (a step's shim opens it as
-    ``SECCOMP_FD``); bubblewrap loads it last, just before the command."""
-    argv = [bwrap]
-    for entry in system_view():
-        if entry["kind"] == "symlink":
-            argv += ["--symlink", entry["target"], entry["path"]]
-        else:
-            argv += ["--ro-bind", entry["path"], entry["path"]]
-    argv += ["--dev", "/dev", "--proc", "/proc"]
-    for mount in mount_plan(workspace=workspace, cwd=cwd, limits=limits or {}, readonly_paths=readonly_paths,
-                            identity=identity, uid=uid):
-        kind = mount["kind"]
-        if kind == "readonly":
-            argv += ["--ro-bind", mount.get("source", mount["path"]), mount["path"]]
-            continue
-        if kind == "hidden_file":
-            argv += ["--ro-bind", mount["source"], mount["path"]]
-            continue
-        if kind == "hidden":
-            # An empty tmpfs of the sandbox's own, a few pages at most: not
-            # remounted read-only (a mount operation more per hidden path and
-            # step), as nothing written there leaves the sandbox.
-            argv += ["--perms", "0555", "--size", str(mount["bytes"]), "--tmpfs", mount["path"]]
-            continue
-        perms = "1777" if kind == "scratch" else "0700"
-        argv += ["--perms", perms]
-        if mount["bytes"]:
-            argv += ["--size", str(mount["bytes"])]
-        argv += ["--tmpfs", mount["path"]]
-        if kind == "workspace" and mount["cwd"] != mount["path"]:
-            argv += ["--dir", mount["cwd"]]
-    argv += [
-        # The empty root holding it all (and the directories bubblewrap made
-        # there) is an unsized tmpfs the step's uid owns: read-only, so that
-        # only the sized tmpfs take writes.
-        "--remount-ro", "/",
-        "--chdir", cwd,
-        "--unshare-all",
-        # A user namespace for sure (--unshare-all only tries), so that
-        # --disable-userns can keep the step from making more of them.
-        "--unshare-user",
-        "--disable-userns",
-        # "internet": the namespace pasta made in front of us (see pasta_argv).
-        *(["--share-net"] if network in ("host", "internet") else []),
-        "--new-session",
-        "--die-with-parent",
-        "--cap-drop", "ALL",
-        "--clearenv",
-    ]  # fmt: skip
-    if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    for name, value in env.items():
-        argv += ["--setenv", name, value]
-    if uid is not None:
-        argv += ["--uid", str(uid), "--gid", str(gid if gid is not None else uid)]
-    argv.append("--")
-    return argv

@@ -1,10 +1,11 @@
 """The shim: one small supervisor process per shell step.
 
-Run as ``python -I -S runtime/shim.py <task_dir>``, or forked by
-``runtime/forkserver.py`` (the fast path). It never imports Django: it reads
-``<task_dir>/request.json`` written by ``runtime.launcher.prepare`` and
-writes facts only (``shim.json`` at start, ``result.json`` at the end);
-``runtime.attach.read_result`` turns those facts into the step result envelope.
+Run as ``python -I -S runtime/shim.py <task_dir>``, or forked by the fork
+server (``runtime/forkserver_daemon.py``, the fast path). It never imports
+Django: it reads ``<task_dir>/request.json`` written by
+``runtime.launcher.prepare`` and writes facts only (``shim.json`` at start,
+``result.json`` at the end); ``runtime.attach.read_result`` turns those
+facts into the step result envelope.
 
 Process layout, when the plan says ``tree_kill = "pid_namespace"``::
 
@@ -24,34 +25,18 @@ the whole tree gets SIGTERM, then SIGKILL after ``kill_grace_s``. When the
 command exits, its output is drained for up to ``drain_grace_s`` and then
 everything it left behind is SIGKILLed: a step ends with its main process.
 
-Starting the command: when the plan asks only for what ``posix_spawn`` does
-itself (session, descriptors, default signals) and what the shim can carry
-for it (RLIMIT_CORE, RLIMIT_NOFILE, the working directory), the command is
-spawned (``started_by = "posix_spawn"``); CPU, file-size, process and memory
-limits, a uid drop, or a shim outside a PID namespace need code between fork
-and exec, so the command is forked (``"fork"``). That is a real ``fork()``,
-but of this small interpreter (about 10 MB), not of the worker; the worker
-itself starts the shim without ``preexec_fn``.
+Starting the command (runtime/shim_exec.py): by ``posix_spawn`` when the
+plan asks only for what it does itself and what the shim can carry for the
+command (``started_by = "posix_spawn"``); by a real ``fork()`` otherwise
+(``"fork"``), but of this small interpreter (about 10 MB), not of the
+worker; the worker itself starts the shim without ``preexec_fn``. A spare
+shim may have had its step's sandbox started ahead, held at a gate
+(``"prestart"``, runtime/shim_prestart.py).
 
 Start-up is kept cheap: no ``json`` (its import of ``re``/``enum`` costs
 about 7 ms on a 2-core VM), no ``signal`` (imports ``enum``), no ``subprocess``; the
 C modules ``_json`` and ``_signal`` are used instead. ``ctypes`` (about
 3 ms) is loaded only for the process-scan fallback (prctl).
-
-A *pre-started* sandbox (``Prestart``): a spare shim that is told at fork
-time which step will most likely be handed to it (its ``preset``: the exact
-command, environment, credentials, limits and bubblewrap mounts) starts
-that command's sandbox at once, while the worker is still recording the
-previous step. bubblewrap sets up its namespaces and mounts and then runs a
-gate (``GATE_ARGV``) reading GATE_FD: only the line ``go`` there makes it
-exec the command (with GATE_FD closed); end of file, which is all a dead
-shim can give it, makes it exit having run nothing. (bubblewrap's own
-``--block-fd`` goes on at end of file: a shim killed at the wrong moment
-would start a step nobody claimed.) On ``go <task_dir>`` the
-shim writes ``go`` only if the step's request asks for exactly the preset
-and the sandbox is still up; otherwise it kills that sandbox and starts the
-command the usual way. The step's uid, limits and mounts are thus the same
-either way; only the wait for bubblewrap is off the step's path.
 
 ``ru_maxrss`` is the kernel's high-water mark for the command's process;
 a forked command's includes its moments as a fork of the shim before exec
@@ -65,13 +50,15 @@ import sys
 import time
 
 if __package__:
+    from . import shim_exec as command
     from . import shim_process as proc
-    from .shim_outcome import SIGNAL_NAMES, classify
+    from .shim_outcome import SIGNAL_NAMES, CommandOutput, bwrap_exec_error, classify
 else:  # a bare interpreter: python -I -S runtime/shim.py, or the fork server
     if __name__ == "__main__":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import shim_exec as command
     import shim_process as proc
-    from shim_outcome import SIGNAL_NAMES, classify
+    from shim_outcome import SIGNAL_NAMES, CommandOutput, bwrap_exec_error, classify
 
 REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
@@ -85,100 +72,11 @@ SHIM_ERR_FILE = "shim.err"
 MARKER_ENV = "EXECGO_HANDLE_ID"
 
 SIG = _signal
-# What of a request decides how its command is started: a pre-started
-# sandbox serves a request only if these are what it was started with.
-PRESET_FIELDS = ("argv", "cwd", "env", "sandbox_argv", "isolation", "own_proc", "seccomp", "stdin", "limits", "uid",
-                 "gid", "tree_kill")
-# The gate a pre-started sandbox waits at: /bin/sh reads GATE_FD and execs
-# the command only on the line "go", with GATE_FD closed. Only a step whose
-# environment and program the shell passes on as they are gets one
-# (``launcher.sandbox_preset``); PWD is bubblewrap's (--chdir sets it).
-GATE_SCRIPT = f'read -r go <&{proc.GATE_FD} && [ "$go" = go ] && exec "$@" {proc.GATE_FD}<&-'
-GATE_ARGV = ["/bin/sh", "-c", GATE_SCRIPT, "execgo-gate"]
-GO = b"go\n"
-STDERR_TAIL_BYTES = 4096
 CANCEL_POLL_S = 0.05
 READ_CHUNK = 65536
 
 
 # --- the supervisor --------------------------------------------------------------
-
-
-class Prestart:
-    """A sandbox started for a step before the step was known (see the
-    module docstring); forked by a spare shim that is PID 1 of its own PID
-    namespace, so nothing of it outlives the spare."""
-
-    def __init__(self, preset):
-        self.preset = preset
-        self.taken = self.discarded = False
-        req = dict(preset, sandbox_argv=list(preset["sandbox_argv"]) + GATE_ARGV)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        gate_r, self.gate_w = os.pipe()
-        self.exec_pipe, exec_w = os.pipe()
-        stdin_fd = os.open(os.devnull, os.O_RDONLY)
-        theirs = (out_w, err_w, gate_r, exec_w, stdin_fd)
-        try:
-            self.pid = os.fork()
-        except OSError:
-            for fd in (*theirs, out_r, err_r, self.gate_w, self.exec_pipe):
-                os.close(fd)
-            raise
-        if self.pid == 0:
-            for fd in (out_r, err_r, self.gate_w, self.exec_pipe):
-                os.close(fd)
-            proc.exec_command(req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig=False, gate_fd=gate_r)
-        for fd in theirs:
-            os.close(fd)
-        self.pipes = {out_r: "stdout", err_r: "stderr"}
-
-    @classmethod
-    def start(cls, preset_text):
-        """A Prestart for a preset as the launcher sent it, or None when it
-        cannot be started here (nothing is then left running)."""
-        try:
-            preset = proc.loads(preset_text)
-            if not (isinstance(preset, dict) and preset.get("sandbox_argv") and os.getpid() == 1):
-                return None
-            return cls(preset)
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-
-    def take(self, req):
-        """Let the sandbox run ``req``'s command -> its pid; or discard it
-        (-> None) when ``req`` asks for anything else or the sandbox is gone."""
-        failure = b""
-        while chunk := os.read(self.exec_pipe, 4096):  # EOF once bubblewrap was exec'd, or its child failed
-            failure += chunk
-        os.close(self.exec_pipe)
-        self.exec_pipe = None
-        wanted = {name: req.get(name) for name in PRESET_FIELDS}
-        if failure or wanted != self.preset or os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-            self.discard()
-            return None
-        os.write(self.gate_w, GO)
-        os.close(self.gate_w)
-        self.taken = True
-        return self.pid
-
-    def discard(self):
-        """Kill the sandbox before its gate opened and reap it (idempotent;
-        nothing once taken)."""
-        if self.taken or self.discarded:
-            return
-        self.discarded = True
-        # As PID 1 of the namespace: bubblewrap and whatever it started (the
-        # gate), which can thus no longer run when its gate closes below.
-        for pid in (self.pid, -1):
-            try:
-                os.kill(pid, SIG.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os.waitpid(self.pid, 0)
-        for fd in [self.gate_w, self.exec_pipe, *self.pipes]:
-            if fd is not None:
-                os.close(fd)
 
 
 class Supervisor:
@@ -187,7 +85,6 @@ class Supervisor:
         self.req = req
         self.prestarted = prestarted
         self.limits = req.get("limits") or {}
-        self.log_cap = self.limits.get("log_cap_bytes")
         self.timeout_s = float(req.get("timeout_s") or 0) or None
         self.kill_grace_s = float(req.get("kill_grace_s", 0.5))
         self.drain_grace_s = float(req.get("drain_grace_s", 0.2))
@@ -198,11 +95,8 @@ class Supervisor:
         self.main_status = None  # (wait status, rusage) | "lost"
         self.exec_error = None
         self.tree_kill = req.get("tree_kill", "process_scan")
-        self.counts = {"stdout": [0, 0], "stderr": [0, 0]}  # written, dropped
-        self.err_tail = b""
-        self.pending = b""
-        self.progress_fd = None
-        self.exec_pipe = None  # read end of the forked child's failure report
+        self.output = CommandOutput({"stdout": self.path(STDOUT_FILE), "stderr": self.path(STDERR_FILE)},
+                                    self.path(PROGRESS_FILE), self.limits.get("log_cap_bytes"))
         self.started_by = None  # "posix_spawn" | "fork" | "prestart"
         self.next_cancel_check = 0.0
         self.started_at = self.finished_at = time.time()
@@ -253,7 +147,6 @@ class Supervisor:
 
     def _start(self):
         req = self.req
-        self.logs = {}  # opened on the first byte: a silent command costs no file creation
         self.pidns = os.getpid() == 1
         if self.prestarted is not None:
             self.started_at = time.time()
@@ -279,12 +172,13 @@ class Supervisor:
                 self.notes.append(f"cannot become a child subreaper ({exc})")
         self.started_at = time.time()
         self.t0 = time.monotonic()
-        if proc.spawnable(req, self.pidns):
+        if command.spawnable(req, self.pidns):
             self.started_by = "posix_spawn"
-            pid, self.exec_error = proc.spawn_command(req, stdin_fd, out_w, err_w)
+            pid, self.exec_error = command.spawn_command(req, stdin_fd, out_w, err_w)
         else:
             self.started_by = "fork"
-            pid = self._fork_command(stdin_fd, out_w, err_w, out_r, err_r)
+            pid, exec_pipe = command.fork_command(req, stdin_fd, out_w, err_w, (out_r, err_r),
+                                                  set_pdeathsig=not self.pidns)
         for fd in (out_w, err_w, stdin_fd):
             os.close(fd)
         if pid is None:  # nothing started: exec_error says why
@@ -293,30 +187,8 @@ class Supervisor:
             return
         self.main_pid = pid
         self.main_pidfd = os.pidfd_open(pid)
-        if self.exec_pipe is not None:
-            failure = b""
-            while chunk := os.read(self.exec_pipe, 4096):  # EOF at exec (close-on-exec) or exit
-                failure += chunk
-            os.close(self.exec_pipe)
-            if failure:
-                code, stage, message = (failure.decode(errors="replace").split("\t", 2) + ["", ""])[:3]
-                self.exec_error = {"errno": int(code or 0), "stage": stage, "message": message}
-
-    def _fork_command(self, stdin_fd, out_w, err_w, out_r, err_r):
-        """Fork a child that sets the limits and credentials, then execs;
-        a failure before exec comes back on ``self.exec_pipe``."""
-        self.exec_pipe, exec_w = os.pipe()
-        # Blocked across fork: a SIGTERM aimed at the command before it has
-        # reset its handlers stays pending instead of running ours in it.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, [SIG.SIGTERM])
-        pid = os.fork()
-        if pid == 0:
-            os.close(out_r)
-            os.close(err_r)
-            proc.exec_command(self.req, stdin_fd, out_w, err_w, exec_w, set_pdeathsig=not self.pidns)
-        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [SIG.SIGTERM])
-        os.close(exec_w)
-        return pid
+        if self.started_by == "fork":
+            self.exec_error = command.exec_failure(exec_pipe)
 
     # main loop ----------------------------------------------------------------
     def _supervise(self):
@@ -375,48 +247,14 @@ class Supervisor:
             self._kill_leftovers()
 
     def _signal_tree(self, sig):
-        if self.pidns:
-            try:
-                os.kill(-1, sig)  # from PID 1: every process of the namespace but us
-            except ProcessLookupError:
-                pass
-            return
-        targets = proc.scan_descendants(os.getpid(), self.marker)
-        try:
-            os.killpg(self.main_pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in targets:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        proc.signal_tree(sig, pidns=self.pidns, main_pid=self.main_pid, marker=self.marker)
 
     def _kill_leftovers(self):
         """SIGKILL and reap everything the command left behind."""
         if not hasattr(self, "main_pid"):
             return
-        give_up = time.monotonic() + 2.0
-        pause = 0.0001  # killed processes are gone in well under a millisecond, a namespace's teardown in a few
-        while True:
-            if self.pidns:
-                self._signal_tree(SIG.SIGKILL)
-                remaining = self._reap()  # every process of the namespace is our descendant
-            else:
-                targets = proc.scan_descendants(os.getpid(), self.marker)
-                for pid in targets:
-                    try:
-                        os.kill(pid, SIG.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                remaining = self._reap() or bool(targets)
-            if not remaining:
-                return
-            if time.monotonic() > give_up:
-                self.notes.append("processes were still alive 2 s after the final SIGKILL")
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 0.005)
+        if not proc.kill_tree(pidns=self.pidns, main_pid=self.main_pid, marker=self.marker, reap=self._reap):
+            self.notes.append("processes were still alive 2 s after the final SIGKILL")
 
     def _reap(self):
         """Reap every finished child; True if there may be children left."""
@@ -435,47 +273,12 @@ class Supervisor:
         if not chunk:
             self._close_pipe(fd)
             return False
-        name = self.pipes[fd]
-        written, dropped = self.counts[name]
-        room = len(chunk) if self.log_cap is None else max(0, self.log_cap - written)
-        if name not in self.logs:
-            log_name = STDOUT_FILE if name == "stdout" else STDERR_FILE
-            self.logs[name] = os.open(self.path(log_name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        if room:
-            os.write(self.logs[name], chunk[:room])
-        self.counts[name] = [written + min(room, len(chunk)), dropped + max(0, len(chunk) - room)]
-        if name == "stdout":
-            self._scan_progress(chunk)
-        else:
-            self.err_tail = (self.err_tail + chunk)[-STDERR_TAIL_BYTES:]
+        self.output.write(self.pipes[fd], chunk)
         return True
 
     def _close_pipe(self, fd):
         os.close(fd)
         del self.pipes[fd]
-
-    def _scan_progress(self, chunk):
-        data = self.pending + chunk
-        if b"::progress" not in data:
-            self.pending = data[data.rfind(b"\n") + 1 :][-4096:]
-            return
-        lines = data.split(b"\n")
-        self.pending = lines.pop()[-4096:]
-        for line in lines:
-            if not line.startswith(b"::progress "):
-                continue
-            parts = line[len(b"::progress ") :].rstrip(b"\r").split(b" ", 1)
-            try:
-                percent = int(parts[0])
-            except ValueError:
-                continue
-            if not 0 <= percent <= 100:
-                continue
-            message = parts[1].decode(errors="replace") if len(parts) > 1 else ""
-            if self.progress_fd is None:
-                self.progress_fd = os.open(self.path(PROGRESS_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            record = {"percent": percent, "message": message[:1000], "at": time.time()}
-            os.write(self.progress_fd, (proc.dumps(record) + "\n").encode())
 
     # classification --------------------------------------------------------------
     def outcome(self):
@@ -490,7 +293,7 @@ class Supervisor:
             elif os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
         if self.exec_error is None and exit_code == 1 and self.req.get("sandbox_argv"):
-            self.exec_error = _bwrap_exec_error(self.err_tail)
+            self.exec_error = bwrap_exec_error(self.output.err_tail)
         termination, evidence = classify(
             reason=self.reason,
             exec_error=self.exec_error,
@@ -498,7 +301,7 @@ class Supervisor:
             sig=sig,
             rusage=rusage,
             limits=self.limits,
-            stderr_tail=self.err_tail,
+            stderr_tail=self.output.err_tail,
         )
         return {
             "version": 1,
@@ -512,31 +315,16 @@ class Supervisor:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "duration_ms": int(round((self.finished_at - self.started_at) * 1000)),
-            "stdout_bytes": self.counts["stdout"][0],
-            "stderr_bytes": self.counts["stderr"][0],
-            "stdout_truncated_bytes": self.counts["stdout"][1],
-            "stderr_truncated_bytes": self.counts["stderr"][1],
+            "stdout_bytes": self.output.counts["stdout"][0],
+            "stderr_bytes": self.output.counts["stderr"][0],
+            "stdout_truncated_bytes": self.output.counts["stdout"][1],
+            "stderr_truncated_bytes": self.output.counts["stderr"][1],
             "rusage": rusage,
             "tree_kill": self.tree_kill,
             "started_by": self.started_by,
             "notes": self.notes,
             "shim_error": None,
         }
-
-
-# bubblewrap reports a command it cannot start as "bwrap: execvp <file>: <strerror>", exit code 1.
-BWRAP_EXEC_ERRORS = {b"No such file or directory": 2, b"Permission denied": 13, b"Not a directory": 20}
-
-
-def _bwrap_exec_error(stderr_tail):
-    for line in stderr_tail.splitlines():
-        if line.startswith(b"bwrap: execvp "):
-            message = line[len(b"bwrap: execvp "):].decode(errors="replace")
-            for text, code in BWRAP_EXEC_ERRORS.items():
-                if line.endswith(b": " + text):
-                    return {"errno": code, "stage": "exec", "message": message}
-            return {"errno": 0, "stage": "exec", "message": message}
-    return None
 
 
 # --- entry points -------------------------------------------------------------------
@@ -548,7 +336,7 @@ def main(task_dir, *, forked=False, link=None, prestarted=None):
     ``forked``: called in a fork of the fork server, whose stdio is not ours;
     started by ``posix_spawn`` instead, stderr already is ``shim.err``.
     ``link``: the launcher's connection, when forked (see forkserver.py).
-    ``prestarted``: a spare's ``Prestart``, used if the step is its preset.
+    ``prestarted``: a spare's ``shim_prestart.Prestart``, used if the step is its preset.
     """
     task_dir = os.path.abspath(task_dir)
     if forked:
@@ -588,7 +376,9 @@ def main(task_dir, *, forked=False, link=None, prestarted=None):
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--probe":
-        sys.exit(proc.probe())
+        import shim_probe  # only the capability probe needs it
+
+        sys.exit(shim_probe.probe())
     if len(sys.argv) != 2:
         sys.stderr.write("usage: shim.py <task_dir> | --probe\n")
         sys.exit(2)

@@ -1,11 +1,27 @@
-"""How a shell step's command ended, read from the facts the shim gathered
-(exit status, signal, rusage, the limits it ran under, its stderr tail).
+"""What a shell step's command left behind, as the shim gathers it, and how
+it ended.
+
+- Its output (``CommandOutput``): stdout and stderr each written to its log
+  up to the ``log_cap_bytes`` limit (the rest counted as dropped), the tail
+  of stderr kept, and stdout's ``::progress <percent> <message>`` lines
+  appended to the progress file as JSON.
+- Its ending (``classify``): read from the facts gathered (exit status,
+  signal, rusage, the limits it ran under, that stderr tail), with
+  bubblewrap's word on a command it could not start
+  (``bwrap_exec_error``).
 
 Part of the shim: imported by a bare interpreter (``python -I -S``), so it
 imports only C modules (see the start-up note in shim.py).
 """
 
 import _signal
+import os
+import time
+
+if __package__:
+    from .shim_process import dumps
+else:  # a bare interpreter: the shim's, or the fork server's
+    from shim_process import dumps
 
 SIG = _signal
 SIGNAL_NAMES = {
@@ -28,6 +44,59 @@ MEMORY_ERROR_MARKERS = (
     b"failed to allocate",
     b"memory allocation of",
 )
+# What of stderr is kept for those phrases (and for ENOSPC).
+STDERR_TAIL_BYTES = 4096
+
+
+class CommandOutput:
+    """The command's two streams, by name ("stdout", "stderr"), and what
+    became of them."""
+
+    def __init__(self, log_paths, progress_path, log_cap):
+        self.log_paths = log_paths  # name -> its log's path
+        self.progress_path = progress_path
+        self.log_cap = log_cap
+        self.logs = {}  # opened on the first byte: a silent command costs no file creation
+        self.counts = {"stdout": [0, 0], "stderr": [0, 0]}  # written, dropped
+        self.err_tail = b""
+        self.pending = b""
+        self.progress_fd = None
+
+    def write(self, name, chunk):
+        written, dropped = self.counts[name]
+        room = len(chunk) if self.log_cap is None else max(0, self.log_cap - written)
+        if name not in self.logs:
+            self.logs[name] = os.open(self.log_paths[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if room:
+            os.write(self.logs[name], chunk[:room])
+        self.counts[name] = [written + min(room, len(chunk)), dropped + max(0, len(chunk) - room)]
+        if name == "stdout":
+            self._scan_progress(chunk)
+        else:
+            self.err_tail = (self.err_tail + chunk)[-STDERR_TAIL_BYTES:]
+
+    def _scan_progress(self, chunk):
+        data = self.pending + chunk
+        if b"::progress" not in data:
+            self.pending = data[data.rfind(b"\n") + 1 :][-4096:]
+            return
+        lines = data.split(b"\n")
+        self.pending = lines.pop()[-4096:]
+        for line in lines:
+            if not line.startswith(b"::progress "):
+                continue
+            parts = line[len(b"::progress ") :].rstrip(b"\r").split(b" ", 1)
+            try:
+                percent = int(parts[0])
+            except ValueError:
+                continue
+            if not 0 <= percent <= 100:
+                continue
+            message = parts[1].decode(errors="replace") if len(parts) > 1 else ""
+            if self.progress_fd is None:
+                self.progress_fd = os.open(self.progress_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            record = {"percent": percent, "message": message[:1000], "at": time.time()}
+            os.write(self.progress_fd, (dumps(record) + "\n").encode())
 
 
 def classify(*, reason, exec_error, exit_code, sig, rusage, limits, stderr_tail):
@@ -64,3 +133,20 @@ def classify(*, reason, exec_error, exit_code, sig, rusage, limits, stderr_tail)
     if sig is not None:
         return "signaled", f"killed by {SIGNAL_NAMES.get(sig, sig)}"
     return "exited", f"exit code {exit_code}"
+
+
+# bubblewrap reports a command it cannot start as "bwrap: execvp <file>: <strerror>", exit code 1.
+BWRAP_EXEC_ERRORS = {b"No such file or directory": 2, b"Permission denied": 13, b"Not a directory": 20}
+
+
+def bwrap_exec_error(stderr_tail):
+    """What kept bubblewrap (exit code 1) from starting the command, as the
+    shim's exec_error; None when its stderr does not say."""
+    for line in stderr_tail.splitlines():
+        if line.startswith(b"bwrap: execvp "):
+            message = line[len(b"bwrap: execvp "):].decode(errors="replace")
+            for text, code in BWRAP_EXEC_ERRORS.items():
+                if line.endswith(b": " + text):
+                    return {"errno": code, "stage": "exec", "message": message}
+            return {"errno": 0, "stage": "exec", "message": message}
+    return None

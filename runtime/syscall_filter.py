@@ -42,7 +42,7 @@ The filter is compiled once per process with libseccomp (PyPI's
 ``pyseccomp``, ctypes over Debian's libseccomp2) into a BPF program under
 the tasks directory, named by its digest; each step's shim opens that file
 and hands it to bubblewrap as ``--seccomp FD`` (see
-``shim_process.exec_command``), which loads it last, just before it runs
+``shim_exec.exec_command``), which loads it last, just before it runs
 the command.
 """
 
@@ -58,7 +58,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from runtime.shim_process import SECCOMP_FD
+from runtime.shim_exec import SECCOMP_FD
 
 __all__ = ["SECCOMP_FD", "DENIED_SYSCALLS", "FilterUnavailable", "compile_program", "program_path"]
 

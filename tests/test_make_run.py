@@ -149,7 +149,7 @@ def test_make_run_serves_as_the_readme_says_and_stops_cleanly(make_run):
     assert "Task runs.tasks.advance_run[" in console  # the run's own tasks still show
 
     running = [" ".join(process.cmdline()) for process in ours(data_dir)]
-    assert any("forkserver.py" in line for line in running), running  # the run's steps started it
+    assert any("forkserver_daemon.py" in line for line in running), running  # the run's steps started it
     assert any("celery" in line and " worker" in line for line in running), running
     os.killpg(make.pid, signal.SIGINT)  # Ctrl-C
     interrupted = time.monotonic()

@@ -24,7 +24,8 @@ from django.conf import settings
 
 from runtime import shim, syscall_filter
 from runtime.envelopes import EnvelopeError, error_envelope, step_result
-from runtime.sandbox import bwrap_argv, bwrap_path, identity_files, mount_plan, pasta_argv, pasta_path
+from runtime.sandbox import identity_files, mount_plan
+from runtime.sandbox_argv import bwrap_argv, bwrap_path, pasta_argv, pasta_path
 from runtime.tools.file import relative_parts
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -83,19 +84,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
         params["argv"] if "argv" in params else [settings.EXECGO_SHELL, "-c", params["script"]]
     )
     cwd = workspace.joinpath(*relative_parts(params.get("cwd", ".")))
-    env = {
-        "PATH": settings.EXECGO_SHELL_PATH,
-        "HOME": str(workspace),
-        "LANG": "C.UTF-8",
-        "TMPDIR": "/tmp",
-    }
-    dropped = []
-    for name, value in (params.get("env") or {}).items():
-        if _allowed(name):
-            env[name] = value
-        else:
-            dropped.append(name)
-    env[shim.MARKER_ENV] = handle_id
+    env, dropped = _command_env(params.get("env") or {}, handle_id=handle_id, workspace=workspace)
     sandbox: list[str] = []
     isolation = None
     own_proc = False
@@ -105,26 +94,7 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
     identity = identity_files(str(workspace.parent), uid=plan.get("uid"), gid=plan.get("gid"),
                               home=str(workspace)) if contained else {}
     if plan.get("profile") == "linux_sandbox":
-        bwrap = bwrap_path()
-        if not bwrap:
-            raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
-        network = plan.get("network") or "none"
-        if plan.get("seccomp"):
-            try:
-                seccomp = syscall_filter.program_path()
-            except syscall_filter.FilterUnavailable as exc:
-                raise EnvelopeError.of("denied", f"the plan needs the seccomp filter: {exc}") from None
-        sandbox = bwrap_argv(
-            bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
-            limits=limits, network=network, readonly_paths=plan.get("readonly_paths") or (), identity=identity,
-            seccomp_fd=syscall_filter.SECCOMP_FD if seccomp else None,
-        )
-        if network == "internet":
-            pasta = pasta_path()
-            if not pasta:
-                raise EnvelopeError.of("denied", "the plan needs pasta (passt), which is not installed on this host")
-            sandbox = pasta_argv(pasta) + sandbox
-            own_proc = True
+        sandbox, own_proc, seccomp = _bubblewrap(plan, workspace=workspace, cwd=cwd, env=env, identity=identity)
     elif plan.get("namespaces"):
         # The shim makes these mounts itself, in the command's own mount namespace.
         isolation = {
@@ -144,6 +114,55 @@ def build_request(params: dict[str, Any], *, handle_id: str, workspace: Path, pl
         "seccomp": seccomp,
         "stdin": "stdin" in params,
     }
+
+
+def _command_env(requested: dict[str, str], *, handle_id: str, workspace: Path) -> tuple[dict[str, str], list[str]]:
+    """The command's whole environment (see the module docstring), and the
+    names of ``requested`` the allow-list dropped."""
+    env = {
+        "PATH": settings.EXECGO_SHELL_PATH,
+        "HOME": str(workspace),
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+    }
+    dropped = []
+    for name, value in requested.items():
+        if _allowed(name):
+            env[name] = value
+        else:
+            dropped.append(name)
+    env[shim.MARKER_ENV] = handle_id
+    return env, dropped
+
+
+def _bubblewrap(plan: dict[str, Any], *, workspace: Path, cwd: Path, env: dict[str, str],
+                identity: dict[str, str]) -> tuple[list[str], bool, str | None]:
+    """What runs the command in a ``linux_sandbox`` plan: bubblewrap's
+    command line (behind pasta's for ``"network": "internet"``), whether the
+    shim must give it a /proc of its own (pasta finds bubblewrap's
+    namespaces there), and the seccomp filter's file -> denied when the host
+    lacks one of them."""
+    bwrap = bwrap_path()
+    if not bwrap:
+        raise EnvelopeError.of("denied", "the plan needs bubblewrap, which is not installed on this host")
+    network = plan.get("network") or "none"
+    seccomp = None
+    if plan.get("seccomp"):
+        try:
+            seccomp = syscall_filter.program_path()
+        except syscall_filter.FilterUnavailable as exc:
+            raise EnvelopeError.of("denied", f"the plan needs the seccomp filter: {exc}") from None
+    sandbox = bwrap_argv(
+        bwrap=bwrap, workspace=str(workspace), cwd=str(cwd), env=env, uid=plan.get("uid"), gid=plan.get("gid"),
+        limits=plan.get("limits") or {}, network=network, readonly_paths=plan.get("readonly_paths") or (),
+        identity=identity, seccomp_fd=syscall_filter.SECCOMP_FD if seccomp else None,
+    )
+    if network != "internet":
+        return sandbox, False, seccomp
+    pasta = pasta_path()
+    if not pasta:
+        raise EnvelopeError.of("denied", "the plan needs pasta (passt), which is not installed on this host")
+    return pasta_argv(pasta) + sandbox, True, seccomp
 
 
 def _tail_text(path: Path, limit: int) -> str:

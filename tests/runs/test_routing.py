@@ -204,7 +204,7 @@ def test_a_host_without_bubblewrap_refuses_a_strict_sandbox_step_before_running_
 
 def test_worker_host_settings_come_from_the_environment():
     code = ("import django, json; django.setup(); from django.conf import settings; "
-            "from runtime.capabilities import host_name; from runtime.sandbox import bwrap_path; "
+            "from runtime.capabilities import host_name; from runtime.sandbox_argv import bwrap_path; "
             "print(json.dumps([host_name(), bwrap_path(), getattr(settings, 'EXECGO_TASK_SLOTS', None)]))")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "execgo.settings", "EXECGO_HOST_NAME": "env-host",
            "EXECGO_BWRAP_PATH": NO_BWRAP, "EXECGO_TASK_SLOTS": "7"}

@@ -5,7 +5,7 @@ start is reported the same way."""
 
 import pytest
 
-from runtime.shim_process import CHILD_DEFAULT_SIGNALS, spawnable
+from runtime.shim_exec import CHILD_DEFAULT_SIGNALS, spawnable
 from tests.runtime.conftest import needs_pid_namespace
 
 # The shell is the command itself; the `awk` it starts inherits what it

@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="containment by uid is what a root worker does"),
 ]
 PROFILES = [pytest.param("linux_sandbox", marks=needs_bubblewrap()), "process"]
-# ... and a chain's next step, whose bubblewrap sandbox a spare set up ahead (runtime.shim.Prestart).
+# ... and a chain's next step, whose bubblewrap sandbox a spare set up ahead (runtime.shim_prestart.Prestart).
 PRESTARTED = "linux_sandbox, pre-started"
 
 

@@ -24,7 +24,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from runtime import egress, executor
-from runtime.tools import http as http_tool
+from runtime.tools import http_process
 from tests.runtime.conftest import make_plan, needs_bubblewrap
 from tests.runtime.test_egress import Recording
 
@@ -80,13 +80,13 @@ def test_a_helper_behind_pasta_cannot_reach_the_hosts_loopback_even_when_handed_
         canaries, workspace, tmp_path, profile, address):
     server = canaries[address]
     plan = make_plan(profile)
-    reply = http_tool.call_helper(spec_for(address, server.server_address[1]), plan=plan, workspace=workspace,
+    reply = http_process.call_helper(spec_for(address, server.server_address[1]), plan=plan, workspace=workspace,
                                   directory=tmp_path, timeout=3, network="pasta")
     assert reply.get("error") == "failed", reply
     assert "ConnectionRefusedError" in reply["message"] or "Errno" in reply["message"], reply
     assert server.connections == []
     # The same call from the host's network (what an allow-listed destination gets) reaches it.
-    reply = http_tool.call_helper(spec_for(address, server.server_address[1]), plan=plan, workspace=workspace,
+    reply = http_process.call_helper(spec_for(address, server.server_address[1]), plan=plan, workspace=workspace,
                                   directory=tmp_path, timeout=3, network="host")
     assert reply.get("status") == 200, reply
     assert len(server.connections) == 1
@@ -115,7 +115,7 @@ def test_the_helper_behind_pasta_is_in_a_network_namespace_of_its_own(
     server = canaries["127.0.0.1"]
     plan = make_plan(profile)
     with open(tmp_path / "reply.json", "wb") as out:
-        process = http_tool.start_helper(plan, workspace, network=network, stdin=subprocess.PIPE, stdout=out)
+        process = http_process.start_helper(plan, workspace, network=network, stdin=subprocess.PIPE, stdout=out)
         try:
             helper = helper_process(psutil.Process(process.pid))  # it waits for its request on stdin
             helper_namespace = os.readlink(f"/proc/{helper.pid}/ns/net")
@@ -170,10 +170,10 @@ def test_an_allow_listed_internal_destination_gets_the_hosts_network(canaries, h
 def test_a_public_destination_is_sent_from_pasta_and_an_internal_one_needs_the_list(settings):
     plan = make_plan("process")
     public = egress.check_destination("8.8.8.8", 443, timeout_s=1)  # checked only: nothing is sent
-    assert http_tool.helper_network(public, plan) == ("pasta", None)
+    assert http_process.helper_network(public, plan) == ("pasta", None)
     settings.EXECGO_HTTP_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     listed = egress.check_destination("127.0.0.9", 80, timeout_s=1)
-    assert http_tool.helper_network(listed, plan) == ("host", None)
+    assert http_process.helper_network(listed, plan) == ("host", None)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -182,7 +182,7 @@ def test_without_pasta_strict_refuses_before_the_request_starts(canaries, handle
     server = canaries["127.0.0.1"]
     monkeypatch.setattr(egress, "check_destination", a_guard_that_passes("127.0.0.1"))
     started = []
-    monkeypatch.setattr(http_tool, "start_helper", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setattr(http_process, "start_helper", lambda *args, **kwargs: started.append(args))
     plan = make_plan(profile)
     assert plan["mode"] == "strict"
     result = executor.execute(handle, tool="http", params={"url": f"http://public.test:{server.server_address[1]}/"},
@@ -214,11 +214,11 @@ def test_without_pasta_adaptive_sends_from_the_hosts_network_and_says_so(canarie
 
 def test_the_wait_for_the_helper_ends_with_it_or_at_its_deadline():
     quick = subprocess.Popen(["/bin/true"])
-    assert http_tool._wait(quick, 5) is True and quick.returncode == 0
+    assert http_process._wait(quick, 5) is True and quick.returncode == 0
     slow = subprocess.Popen(["/bin/sleep", "30"])
     try:
         started = time.monotonic()
-        assert http_tool._wait(slow, 0.2) is False
+        assert http_process._wait(slow, 0.2) is False
         assert time.monotonic() - started < 10 and slow.poll() is None
     finally:
         slow.kill()
@@ -236,7 +236,7 @@ def _status_fields(pid: int) -> dict[str, str]:
 def test_a_sandboxed_helper_runs_under_the_shell_steps_system_call_filter(workspace, tmp_path, with_filter):
     plan = {**make_plan("linux_sandbox"), "seccomp": with_filter}
     with open(tmp_path / "reply.json", "wb") as out:
-        process = http_tool.start_helper(plan, workspace, network="host", stdin=subprocess.PIPE, stdout=out)
+        process = http_process.start_helper(plan, workspace, network="host", stdin=subprocess.PIPE, stdout=out)
         try:
             fields = _status_fields(helper_process(psutil.Process(process.pid)).pid)
         finally:

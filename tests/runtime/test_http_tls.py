@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from runtime import egress, executor
-from runtime.tools import http as http_tool
+from runtime.tools import http_process
 from tests.runtime.conftest import make_plan, needs_bubblewrap
 
 ADDRESS = "127.0.0.3"
@@ -132,13 +132,13 @@ def test_a_bundle_that_cannot_be_read_is_an_error_before_any_connect(server, han
 
 def test_the_bundle_goes_with_https_requests_only(server, trusted, handle, monkeypatch):
     seen = []
-    real = http_tool.call_helper
+    real = http_process.call_helper
 
     def spy(spec, **kwargs):
         seen.append(spec.get("ca_certificates"))
         return real(spec, **kwargs)
 
-    monkeypatch.setattr(http_tool, "call_helper", spy)
+    monkeypatch.setattr(http_process, "call_helper", spy)
     call(handle, f"https://tls.test:{server.server_address[1]}/", "process")
     call(f"{handle}-2", f"http://tls.test:{server.server_address[1]}/", "process")
     assert seen[0].startswith("-----BEGIN CERTIFICATE-----") and seen[1] is None

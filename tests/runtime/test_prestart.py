@@ -1,5 +1,5 @@
 """A spare shim told its step ahead sets up that step's sandbox before the
-step is known for sure (``runtime.shim.Prestart``): the command then runs
+step is known for sure (``runtime.shim_prestart.Prestart``): the command then runs
 only on the gate's "go", which the shim writes only for a request that is
 exactly the preset. A spare closed unused, killed, or handed another step
 never runs the pre-started command, and a pre-started step is the step a
@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from runtime import attach, forkserver, launcher, layout, shim
+from runtime import attach, forkserver, launcher, layout, shim_prestart
 from tests.runtime.conftest import (
     SYSTEM_PYTHON,
     kill_all,
@@ -116,7 +116,7 @@ def test_a_pre_started_step_is_the_step_a_fresh_start_runs(server, handle):
 def test_the_gate_execs_the_command_only_on_go(tmp_path, written, runs):
     flag = tmp_path / "ran"
     read_end, write_end = os.pipe()
-    gate = subprocess.Popen(["/bin/sh", "-c", 'exec "$@" 3<&0 0</dev/null', "to-fd-3", *shim.GATE_ARGV,
+    gate = subprocess.Popen(["/bin/sh", "-c", 'exec "$@" 3<&0 0</dev/null', "to-fd-3", *shim_prestart.GATE_ARGV,
                              "/bin/sh", "-c", 'test -e /proc/self/fd/3 && echo "fd 3 open"; touch "$1"', "cmd", flag],
                             stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.close(read_end)
