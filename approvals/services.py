@@ -112,19 +112,30 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
         raise ExecGoError(ErrorCode.INVALID_INPUT, REASON_NEEDED, source="approval",
                           details={"request": locked.pk, "fields": {"comment": [REASON_NEEDED]}})
     if refused:
-        # Audited after the transaction (which wrote nothing): the row is kept on SQLite too.
-        audit(AuditEvent.APPROVAL_STALE_VIEW if stale else AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id,
-              tenant_id=locked.tenant_id, actor=actor, caller="hitl controller", from_state=S.AWAITING_HITL,
-              data={"request": locked.pk, "decision": decision, "reason": refused,
-                    **({"seen_digest": str(digest)[:64], "digest": locked.action_digest} if stale else {})})
-        raise ConflictError(ErrorCode.INVALID_INPUT, refused, source="approval",
-                            details={"request": locked.pk, "status": locked.status,
-                                     **({"reason": "stale_view", "digest": locked.action_digest} if stale else {})})
+        _refuse(locked, actor, decision, refused, stale_digest=str(digest)[:64] if stale else None)
     if voided:
         _close(locked, actor, S.REJECTED, {"decision": "void", "request": locked.pk})
         raise ConflictError(ErrorCode.INVALID_INPUT, f"approval voided: {voided}", source="approval",
                             details={"request": locked.pk, "status": ApprovalStatus.VOIDED})
-    # Recorded and committed; only now does the decision take effect.
+    _take_effect(locked, actor)  # recorded and committed: only now does the decision take effect
+    count_approval_decision(locked)
+    return Outcome(request=locked, approvals=approvals)
+
+
+def _refuse(locked: ApprovalRequest, actor, decision: str, refused: str, *, stale_digest: str | None) -> None:
+    """Audit a refused decision and raise: after the transaction (which wrote
+    nothing), so the row is kept on SQLite too."""
+    stale = stale_digest is not None
+    audit(AuditEvent.APPROVAL_STALE_VIEW if stale else AuditEvent.APPROVAL_REFUSED, run_id=locked.run_id,
+          tenant_id=locked.tenant_id, actor=actor, caller="hitl controller", from_state=S.AWAITING_HITL,
+          data={"request": locked.pk, "decision": decision, "reason": refused,
+                **({"seen_digest": stale_digest, "digest": locked.action_digest} if stale else {})})
+    raise ConflictError(ErrorCode.INVALID_INPUT, refused, source="approval",
+                        details={"request": locked.pk, "status": locked.status,
+                                 **({"reason": "stale_view", "digest": locked.action_digest} if stale else {})})
+
+
+def _take_effect(locked: ApprovalRequest, actor) -> None:
     if locked.status == ApprovalStatus.APPROVED:
         try:
             run_transition(locked.run_id, S.EXECUTING, actor=actor, expected=S.AWAITING_HITL,
@@ -134,8 +145,6 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
             pass  # cancelled meanwhile: the decision stays on record
     elif locked.status == ApprovalStatus.REJECTED:
         _close(locked, actor, S.REJECTED, {"decision": "reject", "request": locked.pk})
-    count_approval_decision(locked)
-    return Outcome(request=locked, approvals=approvals)
 
 
 def _record(request: ApprovalRequest, actor, decision: str, comment: str, now, *, edits: dict | None) -> int:

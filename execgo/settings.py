@@ -48,11 +48,8 @@ INSTALLED_APPS = [
     "axes",
     "django_celery_beat",
     "channels",
-    "runtime",
-    "runs",
-    "policy",
-    "approvals",
-    "pages",
+    # The project's apps, the lowest first: the data plane, the kernel, then what stands on it.
+    *("runtime", "runs", "policy", "approvals", "pages"),
 ]
 
 MIDDLEWARE = [

@@ -208,6 +208,13 @@ def _is_transient(status: int) -> bool:
     return status == 429 or 500 <= status <= 599
 
 
+def _headers(config: LlmSettings) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if config.api_key:
+        headers["Authorization"] = f"Bearer {config.api_key}"
+    return headers
+
+
 def _plan_with_llm(run: Run) -> tuple[list[dict], dict]:
     config = LlmSettings.load()
     trace: dict[str, Any] = {"planner": "llm", "model": config.model, "attempts": []}
@@ -218,11 +225,7 @@ def _plan_with_llm(run: Run) -> tuple[list[dict], dict]:
         raise PlanningFailed(_envelope(ErrorCode.INVALID_INPUT, "the llm planner needs a goal; this run has none"),
                              trace_data=trace)
 
-    url = f"{config.url}/chat/completions"
-    payload = _request_body(run, config)
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if config.api_key:
-        headers["Authorization"] = f"Bearer {config.api_key}"
+    url, payload, headers = f"{config.url}/chat/completions", _request_body(run, config), _headers(config)
 
     attempts = config.retries + 1
     last_problem = ""

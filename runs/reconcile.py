@@ -58,6 +58,26 @@ def _short(digest: str) -> str:
     return digest[:16] or "(empty)"
 
 
+def _row_break(row: AuditLog, last: AuditLog | None) -> str | None:
+    """What is wrong with ``row`` as the link after ``last`` (None: the
+    chain's start), or None."""
+    expected_seq = last.chain_seq + 1 if last else 1
+    expected_prev = last.row_hash if last else GENESIS
+    where = (f"audit chain of tenant {row.tenant_id} (lane {row.chain_lane}) broken at row {row.pk} "
+             f"(seq {row.chain_seq}, {row.event})")
+    if row.chain_seq != expected_seq:
+        return f"{where}: expected seq {expected_seq}, rows {expected_seq}..{row.chain_seq - 1} are missing"
+    if row.prev_hash != expected_prev:
+        before = f"row {last.pk}" if last else "the chain's start"
+        return (f"{where}: prev_hash {_short(row.prev_hash)} is not the row_hash of {before} "
+                f"({_short(expected_prev)})")
+    computed = row_digest(row_content(row))
+    if computed != row.row_hash:
+        return (f"{where}: its content does not match its row_hash (stored {_short(row.row_hash)}, "
+                f"content hashes to {_short(computed)})")
+    return None
+
+
 def audit_chain_breaks() -> list[str]:
     """Walk every tenant's audit chain in ``chain_seq`` order and name its
     first broken link: a row whose content no longer matches its
@@ -97,24 +117,10 @@ def audit_chain_breaks() -> list[str]:
             chain, tenant_id, last, broken = row_chain, row.tenant_id, None, False
         if broken:
             continue
-        expected_seq = last.chain_seq + 1 if last else 1
-        expected_prev = last.row_hash if last else GENESIS
-        where = (f"audit chain of tenant {row.tenant_id} (lane {row.chain_lane}) broken at row {row.pk} "
-                 f"(seq {row.chain_seq}, {row.event})")
-        if row.chain_seq != expected_seq:
-            breaks.append(f"{where}: expected seq {expected_seq}, rows {expected_seq}..{row.chain_seq - 1} are missing")
+        problem = _row_break(row, last)
+        if problem:
+            breaks.append(problem)
             broken = True
-        elif row.prev_hash != expected_prev:
-            before = f"row {last.pk}" if last else "the chain's start"
-            breaks.append(f"{where}: prev_hash {_short(row.prev_hash)} is not the row_hash of {before} "
-                          f"({_short(expected_prev)})")
-            broken = True
-        else:
-            computed = row_digest(row_content(row))
-            if computed != row.row_hash:
-                breaks.append(f"{where}: its content does not match its row_hash (stored {_short(row.row_hash)}, "
-                              f"content hashes to {_short(computed)})")
-                broken = True
         last = row
     if chain is not None:
         close(chain, tenant_id, last, broken)
