@@ -1,5 +1,5 @@
 """The content an audit row's ``row_hash`` covers and how it is hashed:
-shared by the writer (``runs.audit``), the chain check (``runs.reconcile``),
+shared by the writer (``runs.audit``), the chain check (``runs.invariants``),
 the export and migration 0010. ``tools/verify_audit.py`` repeats
 ``canonical_json`` with the standard library only: change both or neither."""
 

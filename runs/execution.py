@@ -49,7 +49,7 @@ from runs.dataplane import (
 )
 from runs.dispatch import Claim, enqueue_claims
 from runs.errors import ErrorCode, error_envelope
-from runs.healing import ledger_heal
+from runs.ledger_heal import ledger_heal
 from runs.metrics import count_step_end
 from runs.models import AuditEvent, EventType, Run, Step, StepRunStatus, StepStatus
 from runs.outbox import emit, emit_step_event, step_event

@@ -21,13 +21,13 @@ from runs.dataplane import capability_queues, current_host, host_capabilities, h
 from runs.deadlines import scan_deadlines
 from runs.dispatch import enqueue_heal, relay_dispatches
 from runs.execution import execute_claims, step_execute, step_reattach
-from runs.healing import ledger_heal
+from runs.ledger_heal import ledger_heal
 from runs.pipeline import run_advance
-from runs.recovery import host_recover, hosts_to_heal
 from runs.retention import purge_expired_artifacts
 from runs.settle import run_settle
 from runs.sweeper import sweep_one, sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
+from runs.worker_start import host_recover, hosts_to_heal
 from runtime import forkserver
 from runtime.layout import tasks_dir
 

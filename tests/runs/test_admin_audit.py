@@ -12,8 +12,8 @@ from django.test import Client
 from django.urls import reverse
 
 from policy.models import PolicyRule
+from runs.invariants import audit_chain_breaks
 from runs.models import AuditEvent, AuditLog, Membership
-from runs.reconcile import audit_chain_breaks
 from tests.conftest import make_user
 from tests.runs.test_audit_chain import manage, verify_offline
 

@@ -18,8 +18,8 @@ from django.db import DatabaseError, connection, transaction
 
 from runs.audit import audit, sqlite_audit_erasable
 from runs.audit_hash import GENESIS, row_content, row_digest
+from runs.invariants import audit_chain_breaks
 from runs.models import AuditChainHead, AuditLog, Tenant
-from runs.reconcile import audit_chain_breaks
 from tests.conftest import ROOT, _worker_env, postgres_only
 
 transactional = pytest.mark.django_db(transaction=True, databases=["default", "audit"])

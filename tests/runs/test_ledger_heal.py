@@ -14,10 +14,10 @@ from django.conf import settings
 
 from runs.dataplane import current_host, host_queue, new_handle_id
 from runs.execution import step_execute
-from runs.healing import ledger_heal
+from runs.ledger_heal import ledger_heal
 from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus, StepStatus
-from runs.recovery import hosts_to_heal
 from runs.tasks import heal_ledgers
+from runs.worker_start import hosts_to_heal
 from runtime import layout, ledger
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import ROOT, _worker_env, purge_broker, wait_until

@@ -20,8 +20,8 @@ from hypothesis.stateful import (
 from runs.audit import erase_audit_log
 from runs.closing import run_close
 from runs.errors import ConflictError
+from runs.invariants import find_violations
 from runs.models import AuditLog, Event, Job, Run, Trace
-from runs.reconcile import find_violations
 from runs.services import run_cancel, run_retry
 from runs.statemachine import ZOMBIE_SWEEPER
 from runs.sweeper import sweep_run

@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
+from runs.invariants import find_violations
 from runs.models import AuditLog, Dispatch, Job, Run, Step, Trace
-from runs.reconcile import find_violations
 from runs.statemachine import ZOMBIE_SWEEPER
 from runs.sweeper import RESENDABLE, sweep_run, sweep_zombies
 from runs.transitions import run_transition

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from runs.reconcile import find_violations
+from runs.invariants import find_violations
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ pick up what a dead worker left behind
   delivered again (the claim makes a duplicate harmless).
 
 A pool process that dies while its worker lives is healed without a
-restart (``runs.healing``); ``hosts_to_heal`` names the hosts beat asks.
+restart (``runs.ledger_heal``); ``hosts_to_heal`` names the hosts beat asks.
 """
 
 import logging
