@@ -75,6 +75,10 @@ logger = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.1
 MAX_BACKOFF_S = 30.0
+# Who the audit row of a run timeout names when the run's own timer ended the
+# run (``settle_run`` at the deadline); a step's result settling a run past
+# its deadline leaves the edge's own caller (the tool controller).
+RUN_TIMER = "run timer"
 
 
 @dataclass(frozen=True)
@@ -117,22 +121,25 @@ SETTLE_STEP_FIELDS = ("id", "run_id", "step_id", "tool", "params", "depends_on",
                       "run_status", "attempt", "handle_id", "requested_plan", "rated_plan")
 
 
-def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
+def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None) -> Claim | None:
     """Decide the run's next move. With ``claim_one``, one ready step that
     may run here is started at once for the caller to execute in-process
     (saving a broker round trip and a transaction on a sequential plan),
     taking over the reservation of the ``handover`` handle when it can; the
-    other ready steps are enqueued after commit."""
+    other ready steps are enqueued after commit. ``caller``: who the audit
+    row names if this settle times the run out (the run's timer, the
+    deadline scan); the edge's own caller otherwise."""
     with transaction.atomic():
         run = lock_run(run_id)
-        claim, close = _settle_locked(run, [], claim_one=claim_one, handover=handover)
+        claim, close = _settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller)
     if close:
         run_close(run_id)
     return claim
 
 
 def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str,
-                   steps: list[Step] | None = None, forecast: Forecast | None = None) -> tuple[Claim | None, bool]:
+                   steps: list[Step] | None = None, forecast: Forecast | None = None,
+                   caller: str | None = None) -> tuple[Claim | None, bool]:
     """``run_settle`` under the run's row lock; ``events`` are the caller's
     not yet written, committed with the decision and ahead of its own.
     ``steps``: the run's steps when the caller knows them (see
@@ -173,7 +180,7 @@ def _settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, han
             return None, False
         error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
                                source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
-        run_transition(run, S.TIMEOUT, expected=S.EXECUTING,
+        run_transition(run, S.TIMEOUT, caller=caller, expected=S.EXECUTING,
                        message=error["message"], data={"layer": "harness"},
                        trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
                                          error=error))

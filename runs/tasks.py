@@ -20,7 +20,7 @@ from django.conf import settings
 from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
 from runs.deadlines import scan_deadlines
 from runs.dispatch import enqueue_heal, relay_dispatches
-from runs.execution import execute_claims, run_settle, step_execute, step_reattach
+from runs.execution import RUN_TIMER, execute_claims, run_settle, step_execute, step_reattach
 from runs.healing import ledger_heal
 from runs.pipeline import run_advance
 from runs.recovery import host_recover, hosts_to_heal
@@ -43,7 +43,9 @@ def execute_step(step_pk: int, attempt: int) -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def settle_run(run_id: int) -> None:
-    execute_claims(run_settle(run_id, claim_one=True))
+    """The run's timer (``execution.executing_started``), and the settle a
+    cancel sends: a timeout it decides is the timer's (a cancel wins over it)."""
+    execute_claims(run_settle(run_id, claim_one=True, caller=RUN_TIMER))
 
 
 @shared_task(ignore_result=True)

@@ -14,11 +14,17 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
-from runs.deadlines import scan_deadlines
+from runs import deadlines
+from runs.deadlines import deadline_enforce, overdue_runs, scan_deadlines
+from runs.errors import ErrorCode, error_envelope
+from runs.execution import step_finish
 from runs.models import AuditLog, Run, Step, StepRunStatus, StepStatus, Trace, TraceKind
 from runs.statemachine import FINAL
+from runs.tasks import settle_run
+from runtime.envelopes import failed_result
 from tests.conftest import ROOT, WorkerProcess, _worker_env, log_tails, purge_broker, stop_workers, wait_for_run
 from tests.runs.conftest import start_attempt
 
@@ -69,6 +75,12 @@ def final_audit_rows(run: Run) -> list[str]:
                                                                   "run_cancelled"]).values_list("event", flat=True))
 
 
+def timeout_row(run: Run) -> tuple[str, dict]:
+    """Caller and data of the audit row of the run's move to TIMEOUT."""
+    row = AuditLog.objects.get(run_id=run.pk, event="state_changed", to_state="TIMEOUT")
+    return row.caller, row.data
+
+
 def test_a_run_whose_timer_was_never_sent_is_closed_by_the_scan(make_run):
     run = overdue_run(make_run, late_s=1)
 
@@ -79,6 +91,8 @@ def test_a_run_whose_timer_was_never_sent_is_closed_by_the_scan(make_run):
     assert Step.objects.get(run=run).status == StepStatus.SKIPPED
     enforced = AuditLog.objects.get(run_id=run.pk, event="deadline_enforced")
     assert enforced.data["forced"] is False and enforced.data["late_s"] >= 1
+    # The scan settled it as the timer would have: the timeout's row names the scan.
+    assert timeout_row(run) == ("deadline scan", {"layer": "harness"})
     assert final_audit_rows(run) == ["run_failed"]
     assert scan_deadlines() == []  # a final run is out of the scan
 
@@ -97,6 +111,74 @@ def test_a_step_without_a_live_executor_is_fenced_and_the_run_forced_after_the_g
     trace = Trace.objects.get(run=run, kind=TraceKind.RUN, data__layer="deadline_scan")
     assert trace.error["code"] == "timeout"
     assert final_audit_rows(run) == ["run_failed"]
+
+
+def test_a_run_the_scan_ends_is_never_final_without_its_row(make_run, settings, monkeypatch):
+    """The scan's ending and its ``deadline_enforced`` row commit together: a
+    scan that fails before writing the row (its connection lost, its worker
+    killed) leaves the run EXECUTING for the next scan, never final without
+    the row. (The row used to follow the close, in a transaction of its own:
+    a reader polling for the final state could find the run closed and the
+    row not yet written.)"""
+    settings.EXECGO_DEADLINE_GRACE_S = 3.0
+    run = overdue_run(make_run, late_s=5, step_running=True)
+
+    def connection_lost(*args, **kwargs):
+        raise DatabaseError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(deadlines, "audit", connection_lost)
+    with pytest.raises(DatabaseError):
+        scan_deadlines()
+    run.refresh_from_db()
+    assert run.state == "EXECUTING"
+    assert Step.objects.get(run=run).run_status == StepRunStatus.RUNNING
+    monkeypatch.undo()
+
+    assert scan_deadlines() == [run.pk]
+    run.refresh_from_db()
+    assert run.state == "CLOSED_FAILED"
+    assert AuditLog.objects.get(run_id=run.pk, event="deadline_enforced").data["forced"] is True
+    assert timeout_row(run) == ("deadline scan", {"layer": "deadline_scan"})
+
+
+def test_a_run_its_timer_ended_meanwhile_gets_no_row_of_the_scan(make_run):
+    run = overdue_run(make_run, late_s=1)
+    [found] = overdue_runs(timezone.now())
+    settle_run(run.pk)  # the timer fires between the scan's query and its settle
+
+    assert deadline_enforce(found, now=timezone.now()) is False
+
+    assert not AuditLog.objects.filter(run_id=run.pk, event="deadline_enforced").exists()
+    assert timeout_row(run) == ("run timer", {"layer": "harness"})
+    assert final_audit_rows(Run.objects.get(pk=run.pk)) == ["run_failed"]
+
+
+def test_the_run_timer_that_ends_a_run_is_named_by_its_timeout_row(make_run):
+    """The timer's message (``settle_run`` at the deadline) ends an overdue
+    run with no step running; its row says so, unlike a step's result
+    settling the run past its deadline (the tool controller)."""
+    run = overdue_run(make_run, late_s=1)
+
+    settle_run(run.pk)  # the task's body, as the worker runs the timer
+
+    run.refresh_from_db()
+    assert (run.state, run.closing_cause) == ("CLOSED_FAILED", "run_timeout")
+    assert timeout_row(run) == ("run timer", {"layer": "harness"})
+    assert not AuditLog.objects.filter(run_id=run.pk, event="deadline_enforced").exists()
+    assert final_audit_rows(run) == ["run_failed"]
+
+
+def test_a_step_result_past_the_deadline_times_the_run_out_as_the_tool_controller(make_run):
+    run = overdue_run(make_run, late_s=1, step_running=True)
+    step = Step.objects.select_related("run").get(run=run)
+    error = error_envelope(ErrorCode.TIMEOUT, "step exceeded its timeout", source="executor")
+
+    step_finish(step, 1, failed_result(step.handle_id, error, attempt=1, started_at=time.time() - 3))
+
+    run.refresh_from_db()
+    assert (run.state, run.closing_cause) == ("CLOSED_FAILED", "run_timeout")
+    assert timeout_row(run) == ("tool controller", {"layer": "harness"})
+    assert not AuditLog.objects.filter(run_id=run.pk, event="deadline_enforced").exists()
 
 
 def test_a_running_step_within_the_grace_is_left_to_its_own_timeout(make_run, settings):
