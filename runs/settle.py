@@ -45,6 +45,10 @@ S = RunState
 
 # What settle reads of every step of the run, each time: results and
 # effective plans are the bulk of a row (a failure loads its result).
+# Who the audit row of a run timeout names when the run's own timer ended the
+# run (``settle_run`` at the deadline); a step's result settling a run past
+# its deadline leaves the edge's own caller (the tool controller).
+RUN_TIMER = "run timer"
 SETTLE_STEP_FIELDS = ("id", "run_id", "step_id", "tool", "params", "depends_on", "timeout_s", "retries", "status",
                       "run_status", "attempt", "handle_id", "requested_plan", "rated_plan")
 
@@ -83,22 +87,25 @@ def executing_started(run: Run) -> None:
     enqueue_settle(run.pk, countdown=remaining + 0.5, expires=remaining + 60)
 
 
-def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "") -> Claim | None:
+def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None) -> Claim | None:
     """Decide the run's next move. With ``claim_one``, one ready step that
     may run here is started at once for the caller to execute in-process
     (saving a broker round trip and a transaction on a sequential plan),
     taking over the reservation of the ``handover`` handle when it can; the
-    other ready steps are enqueued after commit."""
+    other ready steps are enqueued after commit. ``caller``: who the audit
+    row names if this settle times the run out (the run's timer, the
+    deadline scan); the edge's own caller otherwise."""
     with transaction.atomic():
         run = lock_run(run_id)
-        claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover)
+        claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller)
     if close:
         run_close(run_id)
     return claim
 
 
 def settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str,
-                  steps: list[Step] | None = None, forecast: Forecast | None = None) -> tuple[Claim | None, bool]:
+                  steps: list[Step] | None = None, forecast: Forecast | None = None,
+                  caller: str | None = None) -> tuple[Claim | None, bool]:
     """``run_settle`` under the run's row lock; ``events`` are the caller's
     not yet written, committed with the decision and ahead of its own.
     ``steps``: the run's steps when the caller knows them (see
@@ -125,10 +132,11 @@ def settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, hand
         return claim, False
 
     emit(events)  # ahead of the events of the edge taken below
-    return None, _end_execution(run, steps, in_flight, failed, now)
+    return None, _end_execution(run, steps, in_flight, failed, now, caller=caller)
 
 
-def _end_execution(run: Run, steps: list[Step], in_flight: list[Step], failed: list[Step], now) -> bool:
+def _end_execution(run: Run, steps: list[Step], in_flight: list[Step], failed: list[Step], now, *,
+                   caller: str | None) -> bool:
     """Take the run's edge out of EXECUTING once nothing more is dispatched:
     CANCELLED, TIMEOUT, FAILED or TRACING. False while an attempt still runs
     (its end settles again)."""
@@ -144,7 +152,7 @@ def _end_execution(run: Run, steps: list[Step], in_flight: list[Step], failed: l
             return True
         error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
                                source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
-        run_transition(run, S.TIMEOUT, expected=S.EXECUTING,
+        run_transition(run, S.TIMEOUT, caller=caller, expected=S.EXECUTING,
                        message=error["message"], data={"layer": "harness"},
                        trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
                                          error=error))

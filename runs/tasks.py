@@ -24,7 +24,7 @@ from runs.execution import execute_claims, step_execute, step_reattach
 from runs.ledger_heal import ledger_heal
 from runs.pipeline import run_advance
 from runs.retention import purge_expired_artifacts
-from runs.settle import run_settle
+from runs.settle import RUN_TIMER, run_settle
 from runs.sweeper import sweep_one, sweep_zombies
 from runs.webhooks import WebhookFailed, webhook_deliver
 from runs.worker_start import host_recover, hosts_to_heal
@@ -44,7 +44,9 @@ def execute_step(step_pk: int, attempt: int) -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def settle_run(run_id: int) -> None:
-    execute_claims(run_settle(run_id, claim_one=True))
+    """The run's timer (``settle.executing_started``), and the settle a
+    cancel sends: a timeout it decides is the timer's (a cancel wins over it)."""
+    execute_claims(run_settle(run_id, claim_one=True, caller=RUN_TIMER))
 
 
 @shared_task(ignore_result=True)

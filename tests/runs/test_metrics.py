@@ -3,10 +3,10 @@ scrape time, figures counted in real worker processes, Prometheus's own
 checker on the real output, and folding the files of dead processes."""
 
 import os
+import select
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -180,14 +180,15 @@ def test_files_of_dead_processes_are_folded_and_still_counted(tmp_path):
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     for n in (2, 5):  # two processes that counted, then exited
         subprocess.run([sys.executable, "-c", COUNT_AND_EXIT.format(n=n)], env=env, cwd=ROOT, check=True, timeout=60)
-    live = subprocess.Popen([sys.executable, "-c", COUNT_AND_EXIT.format(n=1) + "import time; time.sleep(60)"],
-                            env=env, cwd=ROOT)
+    # The live process says when it has counted: its files exist from the
+    # metrics' creation on, before it observes anything.
+    live = subprocess.Popen([sys.executable, "-c", COUNT_AND_EXIT.format(n=1) + "print('counted', flush=True)\n"
+                             "import time; time.sleep(60)"], env=env, cwd=ROOT, stdout=subprocess.PIPE)
     try:
         live_files = {f"counter_{live.pid}.db", f"histogram_{live.pid}.db"}
-        deadline = time.monotonic() + 30
-        while not live_files <= {p.name for p in tmp_path.iterdir()}:
-            assert time.monotonic() < deadline, "the live process wrote no file"
-            time.sleep(0.05)
+        assert select.select([live.stdout], [], [], 30)[0], "the live process did not count"
+        assert live.stdout.readline() == b"counted\n"
+        assert live_files <= {p.name for p in tmp_path.iterdir()}
         before = total(tmp_path)
         assert before[("folded_total", (("kind", "a"),))] == 8
         assert exposition.fold_dead_processes(tmp_path) == 4
@@ -197,6 +198,7 @@ def test_files_of_dead_processes_are_folded_and_still_counted(tmp_path):
     finally:
         live.kill()
         live.wait()
+        live.stdout.close()
     assert exposition.fold_dead_processes(tmp_path) == 2
     assert total(tmp_path) == before
 

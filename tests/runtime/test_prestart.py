@@ -187,6 +187,9 @@ def test_a_pre_started_sandbox_that_died_is_replaced(server, handle, marker):
     spare = warm(handle, params, plan)
     assert wait_until(lambda: gate_of(marker) != [], 10)
     kill_all(gate_of(marker))
+    # Died: bubblewrap, its child gone, has ended too. (Handed its step in
+    # the moment between the two, the shim would open a gate nobody reads.)
+    assert wait_until(lambda: live_processes(marker) == [], 10)
 
     result = run(handle, params, plan, spare)
 
