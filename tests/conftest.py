@@ -353,15 +353,15 @@ def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float 
 
 
 def pytest_collection_modifyitems(config, items):
-    """The data plane's own tests (tests/runtime) that use no database, and
-    tests marked ``stack_free``, run once, on the SQLite pass: the shim, the
-    sandbox, the limits and the embedded broker do not change with the
-    database, and running them twice would only cost CI time."""
+    """Tests that use no database (nor a server or worker, which need one:
+    their fixtures ask for it), and tests marked ``stack_free``, run once, on
+    the SQLite pass: the shim, the sandbox, the limits, the parser, the
+    embedded broker and the import contracts do not change with the database,
+    and running them twice would only cost CI time."""
     if settings.IS_SQLITE:
         return
     once = pytest.mark.skip(reason="no database involved: run on the SQLite pass")
-    runtime_dir = ROOT / "tests" / "runtime"
     for item in items:
         uses_db = item.get_closest_marker("django_db") or {"db", "transactional_db"} & set(item.fixturenames)
-        if item.get_closest_marker("stack_free") or (not uses_db and runtime_dir in item.path.parents):
+        if item.get_closest_marker("stack_free") or not uses_db:
             item.add_marker(once)

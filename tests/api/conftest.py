@@ -62,10 +62,9 @@ def api_server(transactional_db):
     return _server
 
 
-# Lines the fuzz test reports; recorded as its report's "schemathesis"
-# properties and printed in pytest's terminal summary, so the figures show in
-# every run's output (-s or not, and from an xdist worker too).
-FUZZ_SUMMARIES: list[str] = []
+# The fuzz tests' lines, recorded as their reports' "schemathesis" properties,
+# are printed in pytest's terminal summary, so the figures show in every run's
+# output (-s or not, and from an xdist worker too).
 
 
 def pytest_terminal_summary(terminalreporter):

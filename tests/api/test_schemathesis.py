@@ -3,7 +3,8 @@ with every check: no server error, every status and body as documented,
 content types, valid data accepted and invalid data refused, unsupported
 methods, missing headers, ignored auth. The seed is fixed (override with
 EXECGO_FUZZ_SEED) and printed with the counts; the report of every request
-is kept under var/.
+is kept under var/. The paths are fuzzed in four groups, one test each, so
+that parallel test processes share the work.
 
 ``runs/{id}/stream`` is left out: an event stream of a run that never ends
 (no worker runs here) is open until the client gives up, which a fuzzer
@@ -20,11 +21,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
+import pytest
 from django.conf import settings
 
 from runs.models import Run
-from tests.api.conftest import FUZZ_SUMMARIES, offline_env
+from tests.api.conftest import offline_env
 from tests.conftest import ROOT, make_token, make_user, open_approval
 
 SEED = int(os.environ.get("EXECGO_FUZZ_SEED", "20261201"))
@@ -75,7 +78,7 @@ def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]
                f"{cases['generated']} test cases on {operations['tested']} operations, every check, "
                f"{cases['unique_failures']} failures, {cases['errored']} errors, {elapsed:.0f} s; "
                f"statuses {dict(sorted(statuses.items()))}; report var/{report_dir.relative_to(ROOT / 'var')}/")
-    FUZZ_SUMMARIES.append(summary)
+    (report_dir / "summary.txt").write_text(summary + "\n")
     print(summary)
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
     assert (cases["unique_failures"], cases["errored"], report["complete"]) == (0, 0, True), summary
@@ -83,24 +86,45 @@ def run_schemathesis(server_url: str, token: str, *, name: str, extra: list[str]
     return summary, len(requests), statuses
 
 
-def test_schemathesis_finds_nothing(api_server, tenant, record_property):
+# The fuzzing is split by the paths it covers, so that the parallel test
+# processes share it: (who, what schemathesis is told, the fewest requests
+# that group must make). Together: every operation but the stream, each with
+# MAX_EXAMPLES, and more than MIN_REQUESTS requests.
+GROUPS = {
+    "agent-runs": ("agent", ["--include-path-regex", "^/api/v1/runs$"], 400),
+    "agent-run": ("agent", ["--include-path-regex", "^/api/v1/runs/",
+                            # An event stream of a run that never ends stays open until the client gives up.
+                            "--exclude-path-regex", "/stream$"], 700),
+    "agent-other": ("agent", ["--exclude-path-regex", "^/api/v1/runs"], 850),
+    "approver": ("approver", ["--include-path-regex", "^/api/v1/approvals"], 850),
+}
+assert sum(floor for _, _, floor in GROUPS.values()) >= MIN_REQUESTS
+
+
+def submit_runs(server_url: str, token: str, count: int) -> None:
+    """Runs for the fuzzer to find and the approver to decide on (nothing
+    executes them here)."""
+    plan = json.dumps({"plan": {"steps": [{"id": "s0", "tool": "shell", "params": {"argv": ["true"]}}]}}).encode()
+    for _ in range(count):
+        request = urllib.request.Request(f"{server_url}/api/v1/runs", data=plan, method="POST", headers={
+            "Authorization": f"Token {token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 201
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_schemathesis_finds_nothing(api_server, tenant, record_property, group):
+    role, extra, floor = GROUPS[group]
     agent = make_user("fuzz-agent", tenant, groups=("agents",))
-    summary, agent_requests, _ = run_schemathesis(
-        api_server.url, make_token(agent), name="agent",
-        # An event stream of a run that never ends stays open until the client gives up.
-        extra=["--exclude-path-regex", "/stream$"])
-    # A person in the approvers group, with requests to decide on runs the agent submitted.
-    approver = make_user("fuzz-approver", tenant, groups=("approvers",))
-    for run in Run.objects.filter(state="CREATED")[:5]:
-        open_approval(run)
-    _, approver_requests, statuses = run_schemathesis(
-        api_server.url, make_token(approver), name="approver",
-        extra=["--include-path-regex", "^/api/v1/approvals"])
-    total = agent_requests + approver_requests
-    FUZZ_SUMMARIES.append(f"schemathesis total: {total} requests, seed {SEED}")
-    (ROOT / "var" / f"schemathesis-{'sqlite' if settings.IS_SQLITE else 'postgres'}.txt").write_text(
-        "\n".join(FUZZ_SUMMARIES) + "\n")
-    for line in FUZZ_SUMMARIES:
-        record_property("schemathesis", line)
-    assert total >= MIN_REQUESTS, summary
-    assert statuses.get(200, 0) > 0, "the approver reached no approval"
+    token = make_token(agent)
+    submit_runs(api_server.url, token, 10)  # runs, a job, steps and logs' paths to find
+    if role == "approver":
+        # A person in the approvers group, with requests to decide on runs the agent submitted.
+        for run in Run.objects.filter(state="CREATED")[:5]:
+            open_approval(run)
+        token = make_token(make_user("fuzz-approver", tenant, groups=("approvers",)))
+    summary, requests, statuses = run_schemathesis(api_server.url, token, name=group, extra=extra)
+    record_property("schemathesis", summary)
+    assert requests >= floor, summary
+    if role == "approver":
+        assert statuses.get(200, 0) > 0, "the approver reached no approval"

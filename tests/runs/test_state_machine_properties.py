@@ -309,10 +309,11 @@ class RunLifecycle(RuleBasedStateMachine):
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "audit"])
-def test_random_operations_keep_every_invariant(make_run, agent):
+@pytest.mark.parametrize("share", [1, 2])  # 2 × 20 random programs: parallel test processes share the 40
+def test_random_operations_keep_every_invariant(make_run, agent, share):
     bound = type("BoundRunLifecycle", (RunLifecycle,), {"make_run": staticmethod(make_run), "user": agent})
     run_state_machine_as_test(
         bound,
-        settings=settings(max_examples=40, stateful_step_count=30, deadline=None, database=None,
+        settings=settings(max_examples=20, stateful_step_count=30, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )
