@@ -154,6 +154,40 @@ def _flood(connection, sent: int, name: str = "flood") -> list[int]:
     return received
 
 
+def test_a_queue_bound_under_another_folder_is_bound_under_this_one(tmp_path):
+    """The transport's record of what is bound belongs to the process, not to
+    a folder: a queue bound under one folder (an earlier test's, another
+    settings' broker) was taken as bound under the next, whose table never
+    got the binding, and what was sent there was dropped."""
+    for folder in (tmp_path / "first", tmp_path / "second"):
+        with Connection("filesystem://", transport_options=_options(folder)) as connection:
+            queue = connection.SimpleQueue("one-name-two-folders")
+            queue.put({"n": 1})
+            assert queue.get(timeout=2).payload == {"n": 1}
+
+
+def test_a_bind_that_failed_is_not_taken_as_made(tmp_path, monkeypatch):
+    """A bind that fails before its table is written (a full disk, a missing
+    folder) leaves no record that it was made: the next bind of that queue
+    writes the table, and what is sent then arrives (it was dropped, in every
+    connection of the process)."""
+    from execgo import broker
+
+    write_table = broker.Channel._write_table
+
+    def full_disk_once(file, queues):
+        monkeypatch.setattr(broker.Channel, "_write_table", staticmethod(write_table))
+        raise ChannelError(f"Cannot write {file}")
+
+    monkeypatch.setattr(broker.Channel, "_write_table", staticmethod(full_disk_once))
+    with Connection("filesystem://", transport_options=_options(tmp_path)) as connection:
+        with pytest.raises(ChannelError):
+            connection.SimpleQueue("failed-bind")
+        queue = connection.SimpleQueue("failed-bind")
+        queue.put({"n": 1})
+        assert queue.get(timeout=2).payload == {"n": 1}
+
+
 def test_a_producer_that_fails_is_reported_at_once(folder_connection, monkeypatch):
     """The flood's own harness: a producer that fails makes the test fail
     with its exception, without the consumer waiting out its 30 s."""
