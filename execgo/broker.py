@@ -16,12 +16,16 @@ kombu's own transport has three races, each of which loses or garbles work:
   file and one binding is lost. Here every change to a table is a
   read-modify-write under an exclusive lock on a lock file of its own (never
   replaced), and the new table is renamed into place: a reader always sees a
-  whole table, the old one or the new one, without taking a lock. And the
-  transport's record of what is bound is global to the process: a second
-  thread saw a binding as declared while the first was still writing it,
-  skipped its own bind, published, read a table without it, and the message
-  was dropped as undeliverable. Here a bind holds a process-wide lock until
-  its table is written.
+  whole table, the old one or the new one, without taking a lock. And
+  kombu skips a bind that its record of what is bound already holds, a
+  record global to the process whatever the folder, and written before the
+  table is: a second thread skipped its bind while the first was still
+  writing the table, published, and its message was dropped (a message no
+  binding routes is dropped without a word); a queue bound under one folder
+  was never bound under the next one the process used; and a bind that
+  failed once was never made again. Here every bind writes its binding into
+  the table of its own folder (when the table lacks it) before it returns,
+  whatever the process remembers.
 - **Taking a message** moves it to the system's temporary directory, which
   on another filesystem is a copy and a delete: two consumers can both copy
   (and deliver) one message, or one can delete the copy the other is about
@@ -39,7 +43,6 @@ import fcntl
 import os
 import socket
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +56,6 @@ from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
 exchange_queue_t = filesystem.exchange_queue_t
-_binding = threading.Lock()
 
 
 def _write_atomically(path: str, data: bytes) -> None:
@@ -135,9 +137,14 @@ class Channel(filesystem.Channel):
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             yield str(file)  # closing the file releases the lock
 
-    def queue_bind(self, *args, **kwargs):
-        with _binding:  # see the module's docstring: declared is written
-            return super().queue_bind(*args, **kwargs)
+    def queue_bind(self, queue, exchange=None, routing_key="", arguments=None, **kwargs):
+        # Not kombu's: it skips the table when the process's record says bound
+        # (see the module's docstring). The table is the truth; the record is
+        # kept only for queue_delete, and only once the table has the binding.
+        exchange = exchange or "amq.direct"
+        meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
+        self._queue_bind(exchange, *meta)
+        self.state.binding_declare(queue, exchange, routing_key, arguments)
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
         binding = exchange_queue_t(routing_key or "", pattern or "", queue or "")

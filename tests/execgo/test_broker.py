@@ -12,6 +12,7 @@ import time
 
 import pytest
 from kombu import Connection, Exchange, Queue
+from kombu.exceptions import ChannelError
 
 from execgo.broker import Transport
 from execgo.celery import app
@@ -107,25 +108,101 @@ def test_a_stopping_worker_stops_waiting_within_a_slice(folder_connection, monke
 
 def _flood(connection, sent: int, name: str = "flood") -> list[int]:
     """``sent`` messages from a producer thread that binds the queue while
-    the consumer binds it too (the exchange table does not exist yet: a new
-    name, since the transport remembers what it bound in this process)."""
+    the consumer binds it too (the exchange table does not exist yet). A
+    producer that fails is reported as it failed: the consumer stops waiting
+    as soon as the producer is gone, and its exception is raised here."""
+    failed = []
 
     def produce():
-        with connection.clone() as producer_connection:
-            queue = producer_connection.SimpleQueue(name)
-            for n in range(sent):
-                queue.put({"n": n})
+        try:
+            with connection.clone() as producer_connection:
+                queue = producer_connection.SimpleQueue(name)
+                for n in range(sent):
+                    queue.put({"n": n})
+        except BaseException as exc:
+            failed.append(exc)  # raised in the test's thread below
 
-    producer = threading.Thread(target=produce)
+    producer = threading.Thread(target=produce, name=f"producer of {name}")
     producer.start()
     received = []
-    queue = connection.SimpleQueue(name)
-    while len(received) < sent:
-        message = queue.get(timeout=30)
-        received.append(message.payload["n"])
-        message.ack()
-    producer.join()
+    try:
+        queue = connection.SimpleQueue(name)
+        deadline = time.monotonic() + 30  # for the next message
+        while len(received) < sent:
+            try:
+                message = queue.get(timeout=0.5)
+            except queue.Empty:
+                if not producer.is_alive() and not failed:
+                    # Everything the producer sent is in the folder by now: what is not there was dropped.
+                    try:
+                        message = queue.get(timeout=2)
+                    except queue.Empty:
+                        pytest.fail(f"the producer finished, yet only {len(received)} of {sent} messages arrived")
+                elif failed or time.monotonic() > deadline:
+                    break
+                else:
+                    continue
+            received.append(message.payload["n"])
+            message.ack()
+            deadline = time.monotonic() + 30
+    finally:
+        producer.join(timeout=60)
+    if failed:
+        raise AssertionError(f"the producer failed after {len(received)} of {sent} messages") from failed[0]
+    assert not producer.is_alive(), "the producer is stuck"
+    assert len(received) == sent, f"no message for 30 s: {len(received)} of {sent} arrived"
     return received
+
+
+def test_a_queue_bound_under_another_folder_is_bound_under_this_one(tmp_path):
+    """The transport's record of what is bound belongs to the process, not to
+    a folder: a queue bound under one folder (an earlier test's, another
+    settings' broker) was taken as bound under the next, whose table never
+    got the binding, and what was sent there was dropped."""
+    for folder in (tmp_path / "first", tmp_path / "second"):
+        with Connection("filesystem://", transport_options=_options(folder)) as connection:
+            queue = connection.SimpleQueue("one-name-two-folders")
+            queue.put({"n": 1})
+            assert queue.get(timeout=2).payload == {"n": 1}
+
+
+def test_a_bind_that_failed_is_not_taken_as_made(tmp_path, monkeypatch):
+    """A bind that fails before its table is written (a full disk, a missing
+    folder) leaves no record that it was made: the next bind of that queue
+    writes the table, and what is sent then arrives (it was dropped, in every
+    connection of the process)."""
+    from execgo import broker
+
+    write_table = broker.Channel._write_table
+
+    def full_disk_once(file, queues):
+        monkeypatch.setattr(broker.Channel, "_write_table", staticmethod(write_table))
+        raise ChannelError(f"Cannot write {file}")
+
+    monkeypatch.setattr(broker.Channel, "_write_table", staticmethod(full_disk_once))
+    with Connection("filesystem://", transport_options=_options(tmp_path)) as connection:
+        with pytest.raises(ChannelError):
+            connection.SimpleQueue("failed-bind")
+        queue = connection.SimpleQueue("failed-bind")
+        queue.put({"n": 1})
+        assert queue.get(timeout=2).payload == {"n": 1}
+
+
+def test_a_producer_that_fails_is_reported_at_once(folder_connection, monkeypatch):
+    """The flood's own harness: a producer that fails makes the test fail
+    with its exception, without the consumer waiting out its 30 s."""
+    from execgo import broker
+
+    def full_disk(self, queue, payload, **kwargs):
+        raise ChannelError("Cannot add file to directory")
+
+    monkeypatch.setattr(broker.Channel, "_put", full_disk)
+    connection, _ = folder_connection
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match="the producer failed after 0 of 10") as failure:
+        _flood(connection, 10, name="flood-failing")
+    assert isinstance(failure.value.__cause__, ChannelError)
+    assert time.monotonic() - started < 15
 
 
 def test_a_busy_producer_and_consumer_lose_nothing(folder_connection):
