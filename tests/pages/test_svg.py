@@ -229,7 +229,9 @@ def test_a_200_step_plan_renders_quickly():
     root = parse(svg)
     assert len(with_class(root, "dag-node")) == 200
     assert len(with_class(root, "dag-edge")) == 199 + 193
-    assert best < 0.05
+    # A generous bound (about 15 ms on a quiet machine): it catches a layout
+    # gone quadratic or worse, not a busy machine.
+    assert best < 0.5
 
 
 # --- Bar chart -----------------------------------------------------------------

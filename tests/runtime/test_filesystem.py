@@ -26,7 +26,7 @@ from runtime import executor, launcher
 from runtime.envelopes import EnvelopeError
 from runtime.plan_resolver import resolve_plan
 from runtime.sandbox import mount_plan, validate_readonly_paths
-from tests.runtime.conftest import SYSTEM_PYTHON, needs_bubblewrap, needs_system_python
+from tests.runtime.conftest import SYSTEM_PYTHON, live_processes, needs_bubblewrap, needs_system_python, wait_until
 
 CANARY = f"CANARY_{uuid.uuid4().hex}"
 PRESTARTED = "linux_sandbox, pre-started"
@@ -51,6 +51,10 @@ def run_step(script: str, profile: str | None, *, params: dict | None = None) ->
         preset = launcher.sandbox_preset(handle_id, tool="shell", params=params, plan=plan)
         assert preset is not None
         spare = launcher.warm_shim(plan, preset=preset)
+        # Handed over once its sandbox waits at the gate (a forecast step's spare
+        # has the step before's time to get there): on a loaded machine, one
+        # handed its step sooner was seen to start it the usual way instead.
+        assert wait_until(lambda: any("execgo-gate" in (p.info["cmdline"] or ()) for p in live_processes(script)), 30)
     result = executor.execute(handle_id, tool="shell", params=params, timeout_s=30, attempt=1, plan=plan, spare=spare)
     assert result["details"]["termination"] == "exited", result["details"]["stderr"]
     assert (result["details"]["started_by"] == "prestart") == prestarted
