@@ -33,8 +33,10 @@ SECRET_KEY = secret_key(env_str("DJANGO_SECRET_KEY", "").strip(), debug=DEBUG)
 ALLOWED_HOSTS = allowed_hosts(env_list("DJANGO_ALLOWED_HOSTS", []), debug=DEBUG)
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
+# Daphne serves the ASGI application as a program of its own (the Procfile);
+# it is not an app here, since its app only adds an ASGI ``runserver`` and
+# would load Twisted into every worker and management command.
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -10,7 +10,10 @@ through a shared layer, and a worker never needs to reach a web process.
 
 The tail is woken by PostgreSQL's NOTIFY (a trigger on the Event table; it
 is delivered at commit) and otherwise reads every ``EXECGO_RELAY_POLL_S``
-(SQLite, the embedded default, or a lost listener connection).
+(SQLite, the embedded default, or a lost listener connection). On SQLite
+each of those looks first asks the database whether anything committed
+since the last one (``PRAGMA data_version``, no table read), so an idle
+process stays idle.
 
 Ids are handed out at insert and rows become visible at commit, so on
 PostgreSQL a row can appear after a higher id did. The cursor therefore
@@ -22,6 +25,7 @@ and the cursor is a valid resume point for every consumer.
 import asyncio
 import contextvars
 import logging
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,6 +92,38 @@ def rows_after(cursor: int, *, limit: int = BATCH) -> list[dict]:
     return rows
 
 
+class CommitStamp:
+    """Whether another connection committed to the SQLite database since the
+    last look: ``PRAGMA data_version`` on a connection of its own, which
+    never writes (the number changes at every other connection's commit).
+    Not an SQLite file (an in-memory database): always "changed"."""
+
+    def __init__(self) -> None:
+        self._connection: sqlite3.Connection | None = None
+        self._version: int | None = None
+        name = str(connection.settings_dict["NAME"])
+        if connection.vendor == "sqlite" and name != ":memory:" and not name.startswith("file:"):
+            try:
+                self._connection = sqlite3.connect(f"file:{name}?mode=ro", uri=True, timeout=0,
+                                                   check_same_thread=False, isolation_level=None)
+            except sqlite3.Error:
+                logger.warning("outbox relay: cannot watch %s for commits; reading at every poll", name)
+
+    def changed(self) -> bool:
+        if self._connection is None:
+            return True
+        try:
+            version = self._connection.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return True
+        changed, self._version = version != self._version, version
+        return changed
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+
 class OutboxRelay:
     """The tail of this process (see the module docstring). ``cursor`` is
     the id of the last event sent; everything up to it has been sent."""
@@ -134,16 +170,20 @@ class OutboxRelay:
             self._task = None
 
     async def _run(self) -> None:
-        listener = None
+        listener, stamp, holding = None, None, False
         if connection.vendor == "postgresql":
             listener = asyncio.get_running_loop().create_task(self._listen(), name="execgo-outbox-listen")
+        else:
+            stamp = CommitStamp()
         try:
             while True:
-                try:
-                    holding = await self._drain()
-                except Exception:  # a database hiccup must not end the relay of this process
-                    logger.exception("outbox relay: reading events failed; retrying")
-                    holding = False
+                # Read before the drain: a commit after the look is seen by the next one.
+                if stamp is None or stamp.changed() or holding or self._wake.is_set():
+                    try:
+                        holding = await self._drain()
+                    except Exception:  # a database hiccup must not end the relay of this process
+                        logger.exception("outbox relay: reading events failed; retrying")
+                        holding = False
                 timeout = settings.EXECGO_RELAY_HOLE_POLL_S if holding else settings.EXECGO_RELAY_POLL_S
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -153,6 +193,8 @@ class OutboxRelay:
         finally:
             if listener is not None:
                 listener.cancel()
+            if stamp is not None:
+                stamp.close()
 
     async def _drain(self) -> bool:
         """Send what committed since the cursor; True while waiting on a hole."""

@@ -51,3 +51,8 @@ if _worker and os.environ.get("EXECGO_TEST_WORKER") != _worker:
     _isolate_xdist_worker(_worker)
 
 from execgo.settings import *  # noqa: E402,F403
+
+# The suite's own backends: the project's, emptied more cheaply between
+# transactional tests (tests/backends/__init__.py).
+for _alias in DATABASES.values():  # noqa: F405
+    _alias["ENGINE"] = _alias["ENGINE"].replace("django.db.backends.", "tests.backends.")

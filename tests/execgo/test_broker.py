@@ -34,6 +34,12 @@ def folder_connection(tmp_path):
         yield connection, tmp_path
 
 
+# The binders' and consumers' processes, forked from one server process that
+# imported this module once (a "spawn" start imports it again for each one).
+PROCESSES = multiprocessing.get_context("forkserver")
+PROCESSES.set_forkserver_preload([__name__])
+
+
 @pytest.fixture(scope="module")
 def cpu_load():
     """Both cores kept busy, so the broker's processes are preempted mid-write."""
@@ -228,7 +234,7 @@ def _bind(folder, queue: str, barrier) -> None:
 def test_concurrent_first_binds_keep_every_binding(tmp_path, cpu_load):
     """Processes binding their own queues to one new exchange at once: each
     binding is in the table afterwards (a truncating first bind lost some)."""
-    context = multiprocessing.get_context("spawn")
+    context = PROCESSES
     for repeat in range(10):
         folder = tmp_path / str(repeat)
         barrier = context.Barrier(6)
@@ -260,7 +266,7 @@ def test_two_consumers_never_both_take_a_message(folder_connection, cpu_load):
     queue = connection.SimpleQueue("shared-work")
     for n in range(600):
         queue.put({"n": n})
-    context = multiprocessing.get_context("spawn")
+    context = PROCESSES
     out = context.Queue()
     consumers = [context.Process(target=_consume, args=(folder, "shared-work", out)) for _ in range(2)]
     for consumer in consumers:

@@ -1,0 +1,32 @@
+"""PostgreSQL, flushed with ``DELETE`` (see tests/backends/__init__.py).
+
+Triggers are skipped for the flush's own transaction
+(``session_replication_role = replica``): the audit tables' append-only
+triggers, and the foreign keys' checks, since every referencing row goes in
+the same transaction. That needs a superuser, as the suite's database user
+is; with another user the flush is Django's TRUNCATE."""
+
+from django.db.backends.postgresql import base, operations
+
+from tests.backends import emptied
+
+
+class DatabaseOperations(operations.DatabaseOperations):
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or not self.connection.is_superuser():
+            return super().sql_flush(style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return ["SET LOCAL session_replication_role = replica",
+                *(f"DELETE FROM {self.quote_name(table)}" for table in emptied(tables))]
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    ops_class = DatabaseOperations
+    _superuser: bool | None = None
+
+    def is_superuser(self) -> bool:
+        if self._superuser is None:
+            with self.cursor() as cursor:
+                cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+                row = cursor.fetchone()
+            self._superuser = bool(row and row[0])
+        return self._superuser
