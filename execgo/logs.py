@@ -140,19 +140,21 @@ class QuietPeriodicTasks(logging.Filter):
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def _tenant_id(request) -> int | None:
-    """The caller's tenant, known before the view authenticates (DRF does
-    that inside the view): the token's user, or the session's."""
-    from runs.models import ApiToken, Membership
-    from runs.tokens import key_digest, plausible_token_key
+def _may_be_signed_in(request) -> bool:
+    from django.conf import settings
 
-    scheme, _, key = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-    if scheme.lower() == "token" and key.strip():
-        if not plausible_token_key(key.strip()):  # a NUL, say, that the database could not even compare
-            return None
-        # Only a label for the log line: the view authenticates the token itself.
-        return ApiToken.objects.filter(digest=key_digest(key.strip())).values_list(
-            "user__membership__tenant_id", flat=True).first()
+    return not request.META.get("HTTP_AUTHORIZATION") and settings.SESSION_COOKIE_NAME in request.COOKIES
+
+
+def _tenant_id(request) -> int | None:
+    """The tenant of a signed-in session, known before the view runs. A
+    token's tenant is bound by the API's authentication, the one place that
+    reads the token (``runs.api.authentication``): a token the view refuses
+    leaves the line without one."""
+    from runs.models import Membership
+
+    if not _may_be_signed_in(request):
+        return None
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return Membership.objects.filter(user=user).values_list("tenant_id", flat=True).first()
@@ -186,7 +188,8 @@ class RequestContextMiddleware:
         return self._finish(request, self.get_response(request), started)
 
     async def __acall__(self, request):
-        self._bind(request, await sync_to_async(_tenant_id)(request))
+        # No thread (nor query) for a request that carries no session.
+        self._bind(request, await sync_to_async(_tenant_id)(request) if _may_be_signed_in(request) else None)
         started = time.monotonic()
         return self._finish(request, await self.get_response(request), started)
 
