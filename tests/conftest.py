@@ -1,6 +1,7 @@
 """Shared fixtures: tenants and users, an API client with a real token, a
 factory for runs in any state, and a real Celery worker process."""
 
+import asyncio
 import importlib
 import os
 import signal
@@ -168,6 +169,15 @@ def wait_for_run(run_id: int, *, states=FINAL, timeout: float = 60.0) -> Run:
                            for log in Path(settings.DATA_DIR).glob("worker-*.log"))
             pytest.fail(f"run {run_id} still {run.state} after {timeout}s{logs}")
         time.sleep(0.05)
+
+
+def run_coroutine(coroutine_function, *args, timeout: float = 120.0):
+    """Run ``coroutine_function(*args)`` to its end on an event loop of its
+    own, in a thread of its own. Not in the test's thread: a process that
+    has run a browser test keeps Playwright's loop running there (its sync
+    API), where ``asyncio.run`` and ``async_to_sync`` refuse to start."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine_function(*args)).result(timeout=timeout)
 
 
 def wait_until(predicate, *, timeout: float = 30.0, what: str = "condition") -> None:

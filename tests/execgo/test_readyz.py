@@ -6,7 +6,6 @@ The checks by name are the details an operator reads: these tests ask
 with the metrics token (tests/execgo/test_operator_access.py: who else may, and
 what an anonymous caller gets)."""
 
-import asyncio
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from execgo.celery import app as celery_app
 from execgo.health import SWEEP_TASK
 from runtime import ledger
-from tests.conftest import ROOT, _worker_env, free_port, log_tails
+from tests.conftest import ROOT, _worker_env, free_port, log_tails, run_coroutine
 
 pytestmark = pytest.mark.django_db
 
@@ -170,4 +169,4 @@ def test_the_channel_layer_check_works_in_a_thread_whose_event_loop_runs():
     async def called_synchronously_from_a_loop():
         return health._channel_layer()
 
-    assert asyncio.run(called_synchronously_from_a_loop()) == "ok"
+    assert run_coroutine(called_synchronously_from_a_loop) == "ok"

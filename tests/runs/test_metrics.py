@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -22,7 +21,7 @@ from runs.models import AuditEvent, AuditLog, Event, EventType, Run
 from runs.relay import OutboxRelay
 from runs.statemachine import RunState
 from runtime import ledger
-from tests.conftest import ROOT, make_user, open_approval, wait_for_run
+from tests.conftest import ROOT, make_user, open_approval, run_coroutine, wait_for_run
 
 SCRAPER_TOKEN = "scraper-token-of-the-metrics-tests"
 
@@ -151,7 +150,7 @@ def test_relayed_events_are_counted(client, make_run):
     relay.cursor = events[0].pk - 1  # ids go on after a flushed table: start at the first of these
     own_before = EVENTS_RELAYED._value.get()  # this process's count (others of the host may relay meanwhile)
     _, before = scrape(client)
-    async_to_sync(relay._drain)()
+    run_coroutine(relay._drain)
     assert relay.sent == 3
     _, after = scrape(client)
     assert EVENTS_RELAYED._value.get() - own_before == 3

@@ -5,12 +5,12 @@ commit by any other connection still reaches the subscribers at once."""
 import asyncio
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from runs import relay as relay_module
 from runs.models import Event, EventType
+from tests.conftest import run_coroutine
 
 pytestmark = pytest.mark.skipif(relay_module.connection.vendor != "sqlite",
                                 reason="PostgreSQL wakes the relay by NOTIFY; the commit counter is SQLite's")
@@ -43,7 +43,7 @@ def test_an_idle_relay_reads_no_rows_and_a_commit_still_reaches_it(make_run, set
         finally:
             await relay.stop()
 
-    idle_reads, event_id, delivered = async_to_sync(scenario)()
+    idle_reads, event_id, delivered = run_coroutine(scenario)
     assert idle_reads == 1  # the first look only
     assert delivered["id"] == event_id and delivered["message"] == "hello"
     assert len(reads) >= 2
