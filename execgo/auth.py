@@ -122,14 +122,19 @@ class LoginThrottleMiddleware:
         return _mark(self.get_response(request), delay)
 
     async def __acall__(self, request):
-        delay = await sync_to_async(_login_delay)(request)
+        # Only a login POST reads the failures (in the thread); anything else passes at once.
+        delay = await sync_to_async(_login_delay)(request) if _is_login_post(request) else 0.0
         if delay:
             await asyncio.sleep(delay)
         return _mark(await self.get_response(request), delay)
 
 
+def _is_login_post(request) -> bool:
+    return request.method == "POST" and request.path in (reverse("login"), reverse("admin:login"))
+
+
 def _login_delay(request) -> float:
-    if request.method != "POST" or request.path not in (reverse("login"), reverse("admin:login")):
+    if not _is_login_post(request):
         return 0.0
     username = request.POST.get("username", "")
     delay = throttle_delay(username_failures(username)) if username else 0.0

@@ -179,6 +179,8 @@ class RequestContextMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+            # Django calls a synchronous process_view through the thread; this one does no I/O.
+            self.process_view = self._process_view_async
 
     def __call__(self, request):
         if self.is_async:
@@ -210,11 +212,17 @@ class RequestContextMiddleware:
             "duration_ms": round((time.monotonic() - started) * 1000, 3)})
         return response
 
-    def process_view(self, request, view_func, view_args, view_kwargs):
+    @staticmethod
+    def _bind_run(view_kwargs) -> None:
         run_id = view_kwargs.get("run_id")
         if isinstance(run_id, int):
             bind_contextvars(run_id=run_id)
-        return None
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        self._bind_run(view_kwargs)
+
+    async def _process_view_async(self, request, view_func, view_args, view_kwargs):
+        self._bind_run(view_kwargs)
 
 
 # --- Celery tasks --------------------------------------------------------------------

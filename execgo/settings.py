@@ -54,17 +54,19 @@ INSTALLED_APPS = [
     *("runtime", "runs", "policy", "approvals", "pages"),
 ]
 
+# Django's session, common, authentication and messages middleware, with the
+# hooks that do no I/O kept on the event loop under ASGI (execgo/middleware.py).
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Before the session and the view: it may hold a login POST back (execgo/auth.py).
     "execgo.auth.LoginThrottleMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "execgo.middleware.SessionMiddleware",
+    "execgo.middleware.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "execgo.middleware.AuthenticationMiddleware",
     # After authentication: binds the request id and the caller's tenant to every log line.
     "execgo.logs.RequestContextMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "execgo.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last: it answers a locked-out login with the lockout page.
     "axes.middleware.AxesMiddleware",

@@ -1,0 +1,78 @@
+"""Django's own middleware, with the hooks that do no I/O run on the event
+loop under ASGI.
+
+For every request Daphne serves, Django runs each ``MiddlewareMixin``
+hook (``process_request``, ``process_response``) in the one thread of
+synchronous work (``sync_to_async``): a dozen trips there and back per
+request, most of them for hooks that only read or set headers. These
+subclasses call such hooks directly. A hook that may reach the database
+still goes to the thread: the session's save (when the request changed
+it) and the messages' store (when the request used or added messages).
+Under WSGI nothing changes: the hooks run where they always did.
+
+``settings.MIDDLEWARE`` names these in place of Django's; each behaves as
+the class it extends (``tests/execgo/test_middleware.py``). Django's
+security, CSRF and framing middleware keep their own classes: the deploy
+checks look for them by name, and would skip their HTTPS and HSTS checks
+for a subclass.
+"""
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth import middleware as auth
+from django.contrib.messages import middleware as messages
+from django.contrib.sessions import middleware as sessions
+from django.middleware import common
+
+
+class InlineHooks:
+    """The async call of a ``MiddlewareMixin``, with the hooks for which
+    ``inline`` says so called on the event loop."""
+
+    def inline(self, hook: str, request) -> bool:
+        return True
+
+    async def __acall__(self, request):
+        response = None
+        if hasattr(self, "process_request"):
+            response = await self._call("process_request", request)
+        response = response or await self.get_response(request)
+        if hasattr(self, "process_response"):
+            response = await self._call("process_response", request, response)
+        return response
+
+    async def _call(self, hook: str, request, *args):
+        method = getattr(self, hook)
+        if self.inline(hook, request):
+            return method(request, *args)
+        return await sync_to_async(method, thread_sensitive=True)(request, *args)
+
+
+class CommonMiddleware(InlineHooks, common.CommonMiddleware):
+    """The slash redirect (a URL resolve) and Content-Length."""
+
+
+class SessionMiddleware(InlineHooks, sessions.SessionMiddleware):
+    """A lazy session at the request; its save at the response only when
+    the request changed it."""
+
+    def inline(self, hook: str, request) -> bool:
+        if hook == "process_request":
+            return True
+        session = getattr(request, "session", None)
+        return session is None or not (session.modified or settings.SESSION_SAVE_EVERY_REQUEST)
+
+
+class AuthenticationMiddleware(InlineHooks, auth.AuthenticationMiddleware):
+    """``request.user``, lazy: the user is read when a view asks."""
+
+
+class MessageMiddleware(InlineHooks, messages.MessageMiddleware):
+    """The messages' storage at the request; its store at the response only
+    when the request used or added messages."""
+
+    def inline(self, hook: str, request) -> bool:
+        if hook == "process_request":
+            return True
+        storage = getattr(request, "_messages", None)
+        return storage is None or not (storage.used or storage.added_new)
