@@ -6,22 +6,20 @@ hook (``process_request``, ``process_response``) in the one thread of
 synchronous work (``sync_to_async``): a dozen trips there and back per
 request, most of them for hooks that only read or set headers. These
 subclasses call such hooks directly. A hook that may reach the database
-still goes to the thread: the session's save (when the request changed
-it) and the messages' store (when the request used or added messages).
-Under WSGI nothing changes: the hooks run where they always did.
+still goes to the thread: the messages' store, when the request used or
+added messages. Under WSGI nothing changes: the hooks run where they
+always did.
 
 ``settings.MIDDLEWARE`` names these in place of Django's; each behaves as
 the class it extends (``tests/execgo/test_middleware.py``). Django's
-security, CSRF and framing middleware keep their own classes: the deploy
-checks look for them by name, and would skip their HTTPS and HSTS checks
-for a subclass.
+security, session, CSRF and framing middleware keep their own classes: the
+deploy checks look for them by name, and would skip their HTTPS and HSTS
+checks, or name a session cookie warning otherwise, for a subclass.
 """
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
-from django.contrib.sessions import middleware as sessions
 from django.middleware import common
 
 
@@ -50,17 +48,6 @@ class InlineHooks:
 
 class CommonMiddleware(InlineHooks, common.CommonMiddleware):
     """The slash redirect (a URL resolve) and Content-Length."""
-
-
-class SessionMiddleware(InlineHooks, sessions.SessionMiddleware):
-    """A lazy session at the request; its save at the response only when
-    the request changed it."""
-
-    def inline(self, hook: str, request) -> bool:
-        if hook == "process_request":
-            return True
-        session = getattr(request, "session", None)
-        return session is None or not (session.modified or settings.SESSION_SAVE_EVERY_REQUEST)
 
 
 class AuthenticationMiddleware(InlineHooks, auth.AuthenticationMiddleware):

@@ -54,13 +54,13 @@ INSTALLED_APPS = [
     *("runtime", "runs", "policy", "approvals", "pages"),
 ]
 
-# Django's session, common, authentication and messages middleware, with the
+# Django's common, authentication and messages middleware, with the
 # hooks that do no I/O kept on the event loop under ASGI (execgo/middleware.py).
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Before the session and the view: it may hold a login POST back (execgo/auth.py).
     "execgo.auth.LoginThrottleMiddleware",
-    "execgo.middleware.SessionMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
     "execgo.middleware.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "execgo.middleware.AuthenticationMiddleware",
