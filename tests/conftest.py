@@ -16,6 +16,8 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
+from django.db.models.signals import post_migrate
+from django.dispatch import receiver
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -60,15 +62,33 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-@pytest.fixture
-def seeded_policy(db):
-    """The default policy as the migration writes it. Transactional tests
-    flush the database after themselves, seeded rows included, so tests put
-    it back with the migration's own function (a no-op when present)."""
-    from django.apps import apps
-
+def _seed_policy(apps) -> None:
+    """The default policy as the migrations write it, with their own
+    functions (a no-op when it is there)."""
     importlib.import_module("runs.migrations.0003_seed_policy").seed_policy(apps, None)
     importlib.import_module("runs.migrations.0011_policy_argv_rules").seed_word_rules(apps, None)
+
+
+@receiver(post_migrate)
+def _seed_policy_after_flush(sender, apps=None, **kwargs):
+    """A transactional test empties the tables after itself, the seeded
+    policy included, and Django then sends ``post_migrate``: the policy is
+    put back, so every test starts on the database as migrated, whichever
+    tests its process ran before (pytest-xdist hands out whole modules,
+    transactional or not, in any order)."""
+    if sender.label == "policy":
+        from django.apps import apps as installed
+
+        _seed_policy(apps or installed)  # the flush sends no ``apps``: the models as they are
+
+
+@pytest.fixture
+def seeded_policy(db):
+    """The default policy as the migrations write it (a test that changed
+    it in its own transaction may ask for it again)."""
+    from django.apps import apps
+
+    _seed_policy(apps)
 
 
 @pytest.fixture
@@ -362,12 +382,81 @@ def open_approval(run: Run, *, approvals_required: int = 1, expires_in_s: float 
     return open_request(run, decision, now=timezone.now())
 
 
+# Tests that take tens of seconds on their own, longest first. Under
+# pytest-xdist each is a work unit of its own and they are handed out before
+# the rest, so that none of them is left to end a pass alone on one process
+# while the others have finished (LongTestsFirst). A prefix names every test
+# it starts, parametrized ones included.
+LONG_TESTS = (
+    "tests/api/test_schemathesis.py::test_schemathesis_finds_nothing[agent-run]",
+    "tests/runs/test_pool_child_kill.py::test_ten_pool_process_kills_mid_step_on_a_two_slot_worker",
+    "tests/api/test_schemathesis.py::test_schemathesis_finds_nothing[",
+    "tests/execgo/test_broker_outage.py::test_a_broker_killed_and_restarted_empty_loses_no_run",
+    "tests/runs/test_state_machine_properties.py::test_random_operations_keep_every_invariant[",
+    "tests/runs/test_worker_recovery.py::test_kill_9_of_the_worker_loses_no_step_and_leaves_none_running",
+    "tests/runs/test_memory.py::test_hundred_successes_write_hundred_memories_and_failures_none",
+    "tests/runs/test_cancel_race.py::test_cancel_racing_the_natural_end_never_answers_202_for_a_run_that_ended",
+    "tests/runs/test_race_cancel_timeout.py::test_cancel_and_timeout_race_has_exactly_one_winner",
+    "tests/approvals/test_decisions.py::test_an_approve_racing_a_reject_has_exactly_one_winner",
+    "tests/runs/test_audit_chain.py::test_the_export_verifies_offline_and_a_tampered_line_does_not",
+    "tests/test_make_run.py::",
+    "tests/runs/test_routing.py::test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap",
+    "tests/approvals/test_interfaces_isolation.py::test_another_tenants_ids_and_missing_ids_are_uniform_404s",
+    "tests/runs/test_race_cancel_timeout.py::test_cancel_request_racing_an_approval_is_never_dropped",
+    "tests/pages/test_login_lockout.py::test_a_spray_from_many_addresses_slows_the_username_down_but_never_locks_it",
+)
+
+
+def _long_rank(nodeid: str) -> int:
+    """The position of the first entry of LONG_TESTS naming the test, or
+    len(LONG_TESTS) for the others."""
+    return next((rank for rank, prefix in enumerate(LONG_TESTS) if nodeid.startswith(prefix)), len(LONG_TESTS))
+
+
+def _is_long(nodeid: str) -> bool:
+    return _long_rank(nodeid) < len(LONG_TESTS)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (pytest-xdist's ``load`` mode) hands the tests out by
+    modules, each module's tests on one process in a row (they share its
+    module-scoped servers and the shared worker), and the long tests one by
+    one, first (the collection order, below). xdist's own ``load`` mode sends
+    large batches of consecutive tests, and a batch holding several long
+    ones kept one process busy minutes after the others had run out of work."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongTestsFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if _is_long(nodeid) else nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            """The next unit in order, but a process already holding a long
+            test that has not ended gets the next short unit instead (xdist
+            keeps more than one test queued on each process)."""
+            holds_long = any(_is_long(scope) and False in tests.values()
+                             for scope, tests in self.assigned_work.get(node, {}).items())
+            if holds_long:
+                short = next((scope for scope in self.workqueue if not _is_long(scope)), None)
+                if short is not None:
+                    self.workqueue.move_to_end(short, last=False)
+            super()._assign_work_unit(node)
+
+    config.option.loadscopereorder = False  # the collection's order, long tests first
+    return LongTestsFirst(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests that use no database (nor a server or worker, which need one:
+    """The long tests first, longest first, the others in their order.
+
+    Tests that use no database (nor a server or worker, which need one:
     their fixtures ask for it), and tests marked ``stack_free``, run once, on
     the SQLite pass: the shim, the sandbox, the limits, the parser, the
     embedded broker and the import contracts do not change with the database,
     and running them twice would only cost CI time."""
+    items.sort(key=lambda item: _long_rank(item.nodeid))
     if settings.IS_SQLITE:
         return
     once = pytest.mark.skip(reason="no database involved: run on the SQLite pass")

@@ -6,7 +6,7 @@ triggers, and the foreign keys' checks, since every referencing row goes in
 the same transaction. That needs a superuser, as the suite's database user
 is; with another user the flush is Django's TRUNCATE."""
 
-from django.db.backends.postgresql import base, operations
+from django.db.backends.postgresql import base, creation, operations
 
 from tests.backends import emptied
 
@@ -19,8 +19,20 @@ class DatabaseOperations(operations.DatabaseOperations):
                 *(f"DELETE FROM {self.quote_name(table)}" for table in emptied(tables))]
 
 
+class DatabaseCreation(creation.DatabaseCreation):
+    def _destroy_test_db(self, test_database_name, verbosity):
+        """Dropped ``WITH (FORCE)`` at the end of the session: a connection
+        that a thread of this process opened and kept (asgiref's executor
+        thread under an in-process websocket or async view test) is ended
+        with it, instead of keeping the database from being dropped."""
+        self.connection.close_pool()
+        with self._nodb_cursor() as cursor:
+            cursor.execute(f"DROP DATABASE {self.connection.ops.quote_name(test_database_name)} WITH (FORCE)")
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     ops_class = DatabaseOperations
+    creation_class = DatabaseCreation
     _superuser: bool | None = None
 
     def is_superuser(self) -> bool:
