@@ -1,0 +1,114 @@
+"""What the load benches share: their agents (each an "agents" user of a
+tenant of its own, with an API token), a worker of a chosen concurrency and
+its stop, their Redis queues emptied, waiting for runs to end, percentiles
+and overlaps. Django is set up by the bench before any of these that reads
+the database is called."""
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchprocs import _start
+
+FINAL = ("SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED")
+
+
+def start_worker(data_dir: Path, concurrency: int = 2):
+    """benchprocs.start_worker with ``-c concurrency``."""
+    return _start([sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", str(concurrency),
+                   "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+                  data_dir / "bench-worker.log")
+
+
+def stop(*procs: subprocess.Popen, wait_s: float = 120.0) -> None:
+    """benchprocs.stop, with longer for a worker to finish the tasks in hand
+    (its warm shutdown took more than benchprocs.stop's 30 s once here,
+    after a backlog); a process group still there then is killed."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+        except subprocess.TimeoutExpired:
+            print(f"process {proc.pid} still there {wait_s:.0f} s after SIGTERM: killed", file=sys.stderr)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def purge_queues() -> None:
+    """Drops the messages a bench interrupted earlier left on its Redis db:
+    the default queue and this host's own and capability queues, the ones
+    its worker consumes."""
+    from execgo.celery import app
+    from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
+
+    for queue in (host_queue(current_host()), *capability_queues(host_capabilities())):
+        app.amqp.queues.select_add(queue)
+    app.control.purge()
+
+
+def make_agents(prefix: str, tenants: int) -> list[tuple[object, str]]:
+    """One agent per tenant (``{prefix}-{i}``): a user of the "agents" group
+    with its membership, and a new API token. Returns (token, key) pairs."""
+    from django.contrib.auth.models import Group, User
+
+    from runs.models import Membership, Tenant
+    from runs.tokens import token_create
+
+    agents = Group.objects.get_or_create(name="agents")[0]
+    tokens = []
+    for index in range(tenants):
+        tenant = Tenant.objects.get_or_create(name=f"{prefix}-{index}")[0]
+        user = User.objects.get_or_create(username=f"{prefix}-agent-{index}")[0]
+        Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
+        user.groups.add(agents)
+        tokens.append(token_create(user=user, name="bench", expires_at=None, caller="bench"))
+    return tokens
+
+
+def revoke(tokens: list[tuple[object, str]]) -> None:
+    from runs.tokens import token_revoke
+
+    for token, _key in tokens:
+        token_revoke(token=token, caller="bench")
+
+
+def wait_final(run_ids: list[int], bound_s: float, poll_s: float = 0.5) -> float:
+    """Waits until every run of ``run_ids`` is final, ``bound_s`` at most;
+    returns the seconds waited."""
+    from runs.models import Run
+
+    started = time.monotonic()
+    while run_ids and Run.objects.filter(pk__in=run_ids).exclude(state__in=FINAL).exists():
+        if time.monotonic() - started > bound_s:
+            break
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
+def percentiles(samples: list[float], points: tuple[int, ...]) -> dict[int, float]:
+    """The given percentiles of ``samples`` (inclusive method: within the
+    samples' range even for few of them)."""
+    if not samples:
+        return {point: float("nan") for point in points}
+    if len(samples) == 1:
+        return {point: samples[0] for point in points}
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return {point: cuts[point - 1] for point in points}
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals (start, end) open at one instant; an interval
+    ending at the instant another starts does not overlap it."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    peak = current = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak
