@@ -28,13 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from benchdb import ensure_database
 from benchload import (
     FINAL,
-    make_agents,
     peak_overlap,
     percentiles,
-    purge_queues,
+    prepare,
     revoke,
     start_worker,
     stop,
@@ -68,20 +66,11 @@ def main() -> None:
     if args.quick:
         args.seconds = 15.0
 
-    data_dir = Path(os.environ["EXECGO_DATA_DIR"])
-    data_dir.mkdir(parents=True, exist_ok=True)
-    ensure_database(os.environ["DATABASE_URL"])
-    import django
-
-    django.setup()
+    data_dir, tokens = prepare("bench-mixed", 1)
     import httpx
-    from django.core.management import call_command
 
     from runs.models import Run, Step
 
-    call_command("migrate", verbosity=0)
-    purge_queues()
-    tokens = make_agents("bench-mixed", 1)
     load_before = os.getloadavg()
 
     worker = start_worker(data_dir, args.concurrency)

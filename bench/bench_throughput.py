@@ -42,8 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchdb import ensure_database
-from benchload import FINAL, make_agents, percentiles, purge_queues, revoke, start_worker, stop, wait_final
+from benchload import FINAL, percentiles, prepare, revoke, start_worker, stop, wait_final
 from benchprocs import start_web
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,19 +138,9 @@ def main() -> None:
     if args.quick:
         args.seconds, args.tail = 10.0, min(args.tail, 60.0)
 
-    data_dir = Path(os.environ["EXECGO_DATA_DIR"])
-    data_dir.mkdir(parents=True, exist_ok=True)
-    ensure_database(os.environ["DATABASE_URL"])
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
+    data_dir, tokens = prepare("bench-throughput", args.tenants)
     from runs.models import Run
 
-    call_command("migrate", verbosity=0)
-    purge_queues()
-    tokens = make_agents("bench-throughput", args.tenants)
     keys = [key for _token, key in tokens]
     load_before = os.getloadavg()
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchdb import ensure_database
 from benchprocs import _start
 
 FINAL = ("SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED")
@@ -51,6 +52,23 @@ def purge_queues() -> None:
     for queue in (host_queue(current_host()), *capability_queues(host_capabilities())):
         app.amqp.queues.select_add(queue)
     app.control.purge()
+
+
+def prepare(prefix: str, tenants: int) -> tuple[Path, list[tuple[object, str]]]:
+    """The bench's data directory and database (created when missing, then
+    migrated), Django set up, its queues emptied, and its agents
+    (make_agents). Returns the data directory and the agents' tokens."""
+    data_dir = Path(os.environ["EXECGO_DATA_DIR"])
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_database(os.environ["DATABASE_URL"])
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    purge_queues()
+    return data_dir, make_agents(prefix, tenants)
 
 
 def make_agents(prefix: str, tenants: int) -> list[tuple[object, str]]:
