@@ -34,11 +34,9 @@ from benchload import (
     percentiles,
     prepare,
     revoke,
-    start_worker,
-    stop,
     wait_final,
 )
-from benchprocs import start_web
+from benchprocs import start_web, start_worker, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -117,7 +115,7 @@ def main() -> None:
         tail_s = wait_final(list(inflight), args.tail, poll_s=POLL_S)
         client.close()
     finally:
-        stop(web, worker)
+        stop(web, worker, wait_s=120)  # a backlog's tasks end first
         revoke(tokens)
     load_after = os.getloadavg()
 

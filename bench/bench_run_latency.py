@@ -73,20 +73,14 @@ def main() -> None:
     import django
 
     django.setup()
-    from django.contrib.auth.models import User
     from django.core.management import call_command
-    from rest_framework.test import APIClient
 
     from execgo.celery import app
-    from runs.models import Membership, Run, Step, Tenant
+    from runs.models import Step
 
     call_command("migrate", verbosity=0)
     app.control.purge()
-    tenant, _ = Tenant.objects.get_or_create(name="bench")
-    user, _ = User.objects.get_or_create(username="bench-agent")
-    Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
-    client = APIClient()
-    client.force_authenticate(user)
+    client = agent_client()
 
     worker_log = open(Path(os.environ["EXECGO_DATA_DIR"]) / "bench-worker.log", "wb")
     worker = subprocess.Popen(
@@ -101,25 +95,13 @@ def main() -> None:
         samples, parts = [], []
         reference_before = machine_reference()
         for index in range(args.repeat + 1):  # the first run warms the worker up and is not counted
-            started, started_at = time.perf_counter(), time.time()
-            response = client.post("/api/v1/runs", {"plan": plan}, format="json")
-            assert response.status_code == 201, response.content
-            run_id = response.json()["id"]
-            while True:
-                state, finished_at = Run.objects.filter(pk=run_id).values_list("state", "finished_at").get()
-                if state in {"SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED"}:
-                    break
-                if time.perf_counter() - started > 120:
-                    raise SystemExit(f"run {run_id} stuck in {state}")
-                time.sleep(POLL_S)
-            elapsed = finished_at.timestamp() - started_at
-            if state != "SUCCEEDED":
-                raise SystemExit(f"run {run_id} ended {state}")
+            run_id, started_at, finished_at = post_and_wait(client, plan)
+            elapsed = finished_at - started_at
             if index:
                 samples.append(elapsed)
                 first_start, last_end = _step_span(Step, run_id)
                 part = (first_start - started_at, (last_end - first_start) / args.steps,
-                        finished_at.timestamp() - last_end)
+                        finished_at - last_end)
                 parts.append(part)
                 print(f"run {run_id}: {args.steps} steps POST -> SUCCEEDED in {elapsed * 1000:.1f} ms "
                       f"(first step started after {part[0] * 1000:.1f} ms, {part[1] * 1000:.2f} ms a step, "
@@ -134,6 +116,42 @@ def main() -> None:
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+
+
+def agent_client():
+    """An API client signed in as the bench's agent (tenant "bench"), in-process."""
+    from django.contrib.auth.models import User
+    from rest_framework.test import APIClient
+
+    from runs.models import Membership, Tenant
+
+    tenant, _ = Tenant.objects.get_or_create(name="bench")
+    user, _ = User.objects.get_or_create(username="bench-agent")
+    Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def post_and_wait(client, plan: dict) -> tuple[int, float, float]:
+    """POSTs a run of ``plan`` and waits for it to SUCCEED: its id, when the
+    POST was sent and the run's finished_at (epoch seconds)."""
+    from runs.models import Run
+
+    started, started_at = time.perf_counter(), time.time()
+    response = client.post("/api/v1/runs", {"plan": plan}, format="json")
+    assert response.status_code == 201, response.content
+    run_id = response.json()["id"]
+    while True:
+        state, finished_at = Run.objects.filter(pk=run_id).values_list("state", "finished_at").get()
+        if state in {"SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED"}:
+            break
+        if time.perf_counter() - started > 120:
+            raise SystemExit(f"run {run_id} stuck in {state}")
+        time.sleep(POLL_S)
+    if state != "SUCCEEDED":
+        raise SystemExit(f"run {run_id} ended {state}")
+    return run_id, started_at, finished_at.timestamp()
 
 
 def _step_span(step_model, run_id: int) -> tuple[float, float]:

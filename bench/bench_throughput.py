@@ -42,8 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from benchload import FINAL, percentiles, prepare, revoke, start_worker, stop, wait_final
-from benchprocs import start_web
+from benchload import FINAL, percentiles, prepare, revoke, wait_final
+from benchprocs import start_web, start_worker, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -163,7 +163,7 @@ def main() -> None:
         accepted = [run_id for _sent, status, run_id in log.sent if status == 201]
         tail_s = wait_final(accepted, args.tail)
     finally:
-        stop(web, worker)
+        stop(web, worker, wait_s=120)  # a backlog's tasks end first
         revoke(tokens)
     load_after = os.getloadavg()
 

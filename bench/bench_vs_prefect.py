@@ -9,7 +9,7 @@ own environment gets nothing. Its data (PREFECT_HOME) is var/prefect-home;
 it runs offline on its ephemeral local server (a temporary API server on
 SQLite that the flow's process starts and stops itself), analytics off.
 
-ExecGo, as bench_run_latency.py: PostgreSQL (its own database,
+ExecGo, as bench_run_latency.py (whose client and wait it uses): PostgreSQL (its own database,
 execgo_bench) and Redis db 13 unless DATABASE_URL / CELERY_BROKER_URL are
 set, a real `-c 2` Celery worker, debug off; a sample is the wall time from
 POST /api/v1/runs (in-process API client) to the run's finished_at, read by
@@ -64,8 +64,6 @@ os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 PREFECT_VENV = ROOT / "var" / "prefect-venv"
 PREFECT_HOME = ROOT / "var" / "prefect-home"
 PREFECT_REQUIREMENT = "prefect>=3,<4"
-FINAL = {"SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED"}
-POLL_S = 0.05  # as bench_run_latency.py
 
 
 def ensure_prefect() -> Path:
@@ -113,36 +111,18 @@ def prefect_samples(python: Path, steps: list[int], repeat: int, pause: float) -
 
 def execgo_samples(steps: list[int], repeat: int, pause: float) -> dict[int, list[float]]:
     """Seconds from POST to the run's finished_at, for each plan size in turn."""
-    from django.contrib.auth.models import User
-    from rest_framework.test import APIClient
+    from bench_run_latency import agent_client, post_and_wait
 
     from execgo.celery import app
-    from runs.models import Membership, Run, Tenant
 
     app.control.purge()
-    tenant, _ = Tenant.objects.get_or_create(name="bench")
-    user, _ = User.objects.get_or_create(username="bench-agent")
-    Membership.objects.get_or_create(user=user, defaults={"tenant": tenant})
-    client = APIClient()
-    client.force_authenticate(user)
+    client = agent_client()
 
     def one(count: int) -> float:
         plan = {"steps": [{"id": f"s{i}", "tool": "shell", "params": {"argv": ["true"]},
                            **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(count)]}
-        started, started_at = time.perf_counter(), time.time()
-        response = client.post("/api/v1/runs", {"plan": plan}, format="json")
-        assert response.status_code == 201, response.content
-        run_id = response.json()["id"]
-        while True:
-            state, finished_at = Run.objects.filter(pk=run_id).values_list("state", "finished_at").get()
-            if state in FINAL:
-                break
-            if time.perf_counter() - started > 120:
-                raise SystemExit(f"run {run_id} stuck in {state}")
-            time.sleep(POLL_S)
-        if state != "SUCCEEDED":
-            raise SystemExit(f"run {run_id} ended {state}")
-        return finished_at.timestamp() - started_at
+        _run_id, started_at, finished_at = post_and_wait(client, plan)
+        return finished_at - started_at
 
     worker = start_worker(Path(os.environ["EXECGO_DATA_DIR"]))
     try:

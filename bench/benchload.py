@@ -1,45 +1,17 @@
-"""What the load benches share: their agents (each an "agents" user of a
-tenant of its own, with an API token), a worker of a chosen concurrency and
-its stop, their Redis queues emptied, waiting for runs to end, percentiles
-and overlaps. Django is set up by the bench before any of these that reads
-the database is called."""
+"""What the load benches share: their set-up (prepare), their agents (each
+an "agents" user of a tenant of its own, with an API token), their Redis
+queues emptied, waiting for runs to end, percentiles and overlaps (the
+processes they start: benchprocs). ``prepare`` sets Django up; the others
+that read the database are called after it."""
 
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from benchdb import ensure_database
-from benchprocs import _start
 
 FINAL = ("SUCCEEDED", "CLOSED_FAILED", "CLOSED_REJECTED", "CLOSED_CANCELLED")
-
-
-def start_worker(data_dir: Path, concurrency: int = 2):
-    """benchprocs.start_worker with ``-c concurrency``."""
-    return _start([sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", str(concurrency),
-                   "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
-                  data_dir / "bench-worker.log")
-
-
-def stop(*procs: subprocess.Popen, wait_s: float = 120.0) -> None:
-    """benchprocs.stop, with longer for a worker to finish the tasks in hand
-    (its warm shutdown took more than benchprocs.stop's 30 s once here,
-    after a backlog); a process group still there then is killed."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + wait_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
-        except subprocess.TimeoutExpired:
-            print(f"process {proc.pid} still there {wait_s:.0f} s after SIGTERM: killed", file=sys.stderr)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def purge_queues() -> None:

@@ -29,8 +29,8 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def start_worker(data_dir: Path) -> subprocess.Popen:
-    return _start([sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", "2",
+def start_worker(data_dir: Path, concurrency: int = 2) -> subprocess.Popen:
+    return _start([sys.executable, "-m", "celery", "-A", "execgo", "worker", "-P", "prefork", "-c", str(concurrency),
                    "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
                   data_dir / "bench-worker.log")
 
@@ -49,9 +49,18 @@ def start_web(data_dir: Path) -> tuple[subprocess.Popen, int]:
     return web, port
 
 
-def stop(*procs: subprocess.Popen) -> None:
+def stop(*procs: subprocess.Popen, wait_s: float = 30.0) -> None:
+    """SIGTERM to each process group, then wait ``wait_s`` at most for them
+    all (a worker finishes the tasks in hand first: after a backlog that
+    took more than 30 s once); a group still there then is killed."""
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
     for proc in procs:
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+        except subprocess.TimeoutExpired:
+            print(f"process {proc.pid} still there {wait_s:.0f} s after SIGTERM: killed", file=sys.stderr)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
