@@ -43,23 +43,14 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+# ExecGo's side is bench_run_latency.py's: importing it sets the same
+# environment (its database, Redis db, data directory, debug off).
+from bench_run_latency import ROOT, agent_client, machine_reference, post_and_wait
 from benchdb import ensure_database
 from benchprocs import start_worker, stop
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/execgo_bench")
-os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
-os.environ.setdefault("EXECGO_DATA_DIR", str(ROOT / "var" / "bench"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
-# Debug off, as deployed: the settings then want a key and host names.
-os.environ.setdefault("DJANGO_SECRET_KEY", "execgo-bench-only-" + "0123456789abcdef" * 3)
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
-os.environ["EXECGO_LOG_LEVEL"] = "WARNING"
 
 PREFECT_VENV = ROOT / "var" / "prefect-venv"
 PREFECT_HOME = ROOT / "var" / "prefect-home"
@@ -111,8 +102,6 @@ def prefect_samples(python: Path, steps: list[int], repeat: int, pause: float) -
 
 def execgo_samples(steps: list[int], repeat: int, pause: float) -> dict[int, list[float]]:
     """Seconds from POST to the run's finished_at, for each plan size in turn."""
-    from bench_run_latency import agent_client, post_and_wait
-
     from execgo.celery import app
 
     app.control.purge()
@@ -153,7 +142,6 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench_run_latency import machine_reference
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
