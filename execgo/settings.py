@@ -249,7 +249,15 @@ EXECGO_TASKS_DIR = DATA_DIR / "tasks"
 EXECGO_TASK_RETENTION_S = env_int("EXECGO_TASK_RETENTION_S", 7 * 24 * 3600)
 # The execution data plane of this worker host.
 EXECGO_HOST_NAME = env_str("EXECGO_HOST_NAME", "")  # empty: the machine's hostname
-EXECGO_TASK_SLOTS = env_int("EXECGO_TASK_SLOTS", 0)  # 0: one per CPU
+# Steps a host runs at once (the resource ledger's slots). A step waiting on its
+# shim holds no worker process (EXECGO_STEP_HAND_OFF_S) and no CPU, so the
+# default is many per CPU: 0 means EXECGO_TASK_SLOTS_PER_CPU for each CPU.
+EXECGO_TASK_SLOTS = env_int("EXECGO_TASK_SLOTS", 0)
+EXECGO_TASK_SLOTS_PER_CPU = env_int("EXECGO_TASK_SLOTS_PER_CPU", 16)
+# A pool process waits this long for the shim it launched, then hands the step
+# to its worker's watcher (runtime.watcher) and takes other work; negative:
+# never (the pool process waits for every step to its end).
+EXECGO_STEP_HAND_OFF_S = env_float("EXECGO_STEP_HAND_OFF_S", 0.03)
 EXECGO_MEMORY_BYTES = env_int("EXECGO_MEMORY_BYTES", 0)  # 0: the machine's memory
 EXECGO_PIDS_CAPACITY = env_int("EXECGO_PIDS_CAPACITY", 4096)
 # A step waits this long in its worker process for a free slot, then goes

@@ -6,12 +6,15 @@ holds a resource-ledger reservation around every launch; ``runtime`` knows
 nothing of runs.
 """
 
+import os
 import secrets
 import time
 from collections.abc import Callable
 
+from django.conf import settings
+
 from runs.models import Step
-from runtime import attach, executor, launcher, layout, ledger, shim
+from runtime import attach, executor, launcher, layout, ledger, shim, watcher
 from runtime.capabilities import capability_manifest, host_name
 from runtime.envelopes import EnvelopeError, error_envelope, failed_result
 from runtime.forkserver import ShimLink
@@ -281,14 +284,39 @@ def warm_shim(step: Step, *, following: Step | None = None, handle_id: str = "",
 
 def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Callable[[], bool],
              on_progress: Callable[[int, str], None], spare: ShimLink | None = None,
-             while_running: Callable[[], None] | None = None) -> dict:
+             while_running: Callable[[], None] | None = None) -> dict | None:
     """Execute a step that holds its slot on this host (in ``spare``, a
     ``warm_shim``, when it fits). The caller reserved the slot before
     claiming the attempt and releases it once the result is recorded.
-    ``while_running``: called once a shell step's shim is started."""
+    ``while_running``: called once a shell step's shim is started. None: a
+    shell step still running after EXECGO_STEP_HAND_OFF_S was handed to
+    this worker's watcher, with its slot (``hand_to_watcher``)."""
     return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
                             attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
-                            on_progress=on_progress, spare=spare, while_running=while_running)
+                            on_progress=on_progress, spare=spare, while_running=while_running,
+                            **_hand_off(step, attempt))
+
+
+def _hand_off(step: Step, attempt: int) -> dict:
+    if settings.EXECGO_STEP_HAND_OFF_S < 0:
+        return {}
+    return {"hand_off": lambda info, progress_offset: hand_to_watcher(step, attempt, info, progress_offset),
+            "hand_off_after_s": settings.EXECGO_STEP_HAND_OFF_S}
+
+
+def hand_to_watcher(step: Step, attempt: int, info: dict | None, progress_offset: int) -> bool:
+    """Give the waiting for ``step``'s running attempt to the watcher of
+    this pool process's worker (``runtime.watcher``), and its reservation
+    with it: the slot stays taken, by the worker's main process, until the
+    result is recorded. False when no watcher took it."""
+    ref = {"step": step.pk, "attempt": attempt, "run": step.run_id}
+    if not watcher.hand_off(step.handle_id, ref=ref, info=info, progress_offset=progress_offset):
+        return False
+    # After the hand-off: a pool process killed in between leaves a slot
+    # the heal reclaims and a re-attachment hands over again (the watcher
+    # ignores the second); a result recorded in between already released it.
+    ledger.hand_over(step.handle_id, os.getppid())
+    return True
 
 
 LOG_STREAMS = {"stdout": shim.STDOUT_FILE, "stderr": shim.STDERR_FILE}
@@ -302,13 +330,21 @@ def step_log_path(step: Step, stream: str):
     return path if path.is_file() else None
 
 
-def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: Callable[[int, str], None]) -> dict:
-    """Wait for a shim a previous worker started; a shim that is gone
+def read_result(step: Step) -> dict | None:
+    """The result envelope the step's current attempt left, if it has ended."""
+    return attach.read_result(step.handle_id)
+
+
+def reattach(step: Step, *, cancel_requested: Callable[[], bool], on_progress: Callable[[int, str], None]
+             ) -> dict | None:
+    """Wait for a shim a previous worker started (None: handed to this
+    worker's watcher, as in ``run_tool``); a shim that is gone
     without a result yields an ``internal`` error envelope. So does an
     attempt whose worker died between claiming and preparing it (retryable:
     nothing ran, and said so in ``details.started``)."""
     try:
-        return attach.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress)
+        return attach.wait(step.handle_id, cancel_requested=cancel_requested, on_progress=on_progress,
+                           **_hand_off(step, step.attempt))
     except EnvelopeError as exc:
         error = error_envelope("internal", f"the attempt was claimed but never started: {exc.envelope['message']}",
                                retryable=True, details={"handle_id": step.handle_id, "started": False})

@@ -42,6 +42,7 @@ ADVANCE_RUN = "runs.tasks.advance_run"
 EXECUTE_STEP = "runs.tasks.execute_step"
 SETTLE_RUN = "runs.tasks.settle_run"
 REATTACH_STEP = "runs.tasks.reattach_step"
+WATCHED_END = "runs.tasks.record_watched_step"
 HEAL_HOST = "runs.tasks.heal_host"
 SWEEP_RUN = "runs.tasks.sweep_stuck_run"
 EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
@@ -158,6 +159,12 @@ def enqueue_approval_expiry(request_id: int, *, eta) -> None:
 
 def enqueue_reattach(step: Step, host: str) -> None:
     _send(REATTACH_STEP, (step.pk, step.attempt), queue=host_queue(host))
+
+
+def enqueue_watched_end(step_pk: int, attempt: int, host: str) -> None:
+    """Record the result of a step attempt whose shim the watcher of a
+    worker on ``host`` saw end (its result.json is on that host)."""
+    _send(WATCHED_END, (step_pk, attempt), queue=host_queue(host))
 
 
 def enqueue_sweeps(run_ids: list[int]) -> None:

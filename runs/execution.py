@@ -38,6 +38,7 @@ from runs.dataplane import (
     new_handle_id,
     plan_needs,
     queue_for,
+    read_result,
     reattach,
     release_reservation,
     reserve_slot,
@@ -124,18 +125,25 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: li
             result = run_tool(
                 step, attempt=attempt, timeout_s=max(min(step.timeout_s, remaining), 0.001),
                 cancel_requested=_cancel_poller(run.pk),
-                on_progress=lambda percent, message: _progress(run.pk, step, attempt, percent, message),
+                on_progress=lambda percent, message: record_progress(run.pk, step, attempt, percent, message),
                 spare=spare,
                 # While it runs, the step that most likely follows here is made ready to start.
                 while_running=(lambda: ahead.append(_warm_following(step, steps))) if steps is not None else None,
             )
     except BaseException:
         release_reservation(step.handle_id)
-        for following_spare, _forecast_made in ahead:
-            if following_spare is not None:
-                following_spare.close()
+        _close_spares(ahead)
         raise
+    if result is None:  # still running: this worker's watcher has it now (``runs.step_watch``)
+        _close_spares(ahead)
+        return None
     return step_finish(step, attempt, result, steps=steps, ahead=ahead[0] if ahead else None)
+
+
+def _close_spares(ahead: list[tuple[ShimLink | None, Forecast | None]]) -> None:
+    for following_spare, _forecast_made in ahead:
+        if following_spare is not None:
+            following_spare.close()
 
 
 def _claim(step_pk: int, attempt: int) -> tuple[Step, bool, dict | None] | None:
@@ -238,9 +246,29 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
     # or take a free one; a full host does not delay ingesting the result.
     reserve_slot(step)
     result = reattach(step, cancel_requested=_cancel_poller(step.run_id),
-                      on_progress=lambda percent, message: _progress(step.run_id, step, attempt, percent, message))
+                      on_progress=lambda percent, message: record_progress(step.run_id, step, attempt, percent, message))
     audit(AuditEvent.STEP_REATTACHED, run_id=step.run_id, tenant_id=step.run.tenant_id, caller="recovery",
-          data={"step": step.step_id, "attempt": attempt, "handle_id": step.handle_id, "status": result["status"]})
+          data={"step": step.step_id, "attempt": attempt, "handle_id": step.handle_id,
+                "status": StepRunStatus.RUNNING if result is None else result["status"]})
+    if result is None:  # still running: handed to this worker's watcher
+        return None
+    return step_finish(step, attempt, result)
+
+
+def step_watched_end(step_pk: int, attempt: int) -> Claim | None:
+    """A step attempt handed to the watcher has ended (its report,
+    ``runs.step_watch``): its result is recorded like any other's."""
+    step = Step.objects.select_related("run").filter(pk=step_pk, attempt=attempt).first()
+    if step is None:
+        return None  # retried meanwhile: that attempt's own result is the one that counts
+    bind_contextvars(run_id=step.run_id, tenant_id=step.run.tenant_id, step_id=step.step_id, handle_id=step.handle_id)
+    result = read_result(step)
+    if result is None:  # the watcher always leaves one; waited for all the same rather than guessed
+        return step_reattach(step_pk, attempt)
+    if step.result == result:
+        return None  # a duplicate report: this result is recorded
+    # Fenced: a result that comes after the sweeper or a cancel closed the
+    # step is audited as stale, as a pool process's would be.
     return step_finish(step, attempt, result)
 
 
@@ -351,7 +379,7 @@ def _cancel_poller(run_id: int):
     return cancel_requested
 
 
-def _progress(run_id: int, step: Step, attempt: int, percent: int, message: str) -> None:
+def record_progress(run_id: int, step: Step, attempt: int, percent: int, message: str) -> None:
     with transaction.atomic():
         if Step.objects.filter(pk=step.pk, attempt=attempt, run_status=StepRunStatus.RUNNING).update(
             progress=percent

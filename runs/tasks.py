@@ -17,10 +17,11 @@ from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
 
+from runs import step_watch
 from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
 from runs.deadlines import scan_deadlines
 from runs.dispatch import enqueue_heal, relay_dispatches
-from runs.execution import execute_claims, step_execute, step_reattach
+from runs.execution import execute_claims, step_execute, step_reattach, step_watched_end
 from runs.ledger_heal import ledger_heal
 from runs.pipeline import run_advance
 from runs.retention import purge_expired_artifacts
@@ -86,6 +87,11 @@ def reattach_step(step_pk: int, attempt: int) -> None:
     execute_claims(step_reattach(step_pk, attempt))
 
 
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def record_watched_step(step_pk: int, attempt: int) -> None:
+    execute_claims(step_watched_end(step_pk, attempt))
+
+
 @shared_task(ignore_result=True)
 def purge_expired_run_artifacts() -> None:
     purge_expired_artifacts()
@@ -115,6 +121,8 @@ def _consume_host_queues(sender, instance, **kwargs):
 
 @worker_ready.connect
 def _recover_host(sender, **kwargs):
+    # The watcher first: the steps recovery re-attaches are handed to it.
+    step_watch.start()
     host_recover()
     try:
         relay_dispatches()
@@ -127,6 +135,7 @@ def _stop_the_shim_server(**kwargs):
     """A worker that stops takes this host's shim fork server with it (the
     next worker to start a step starts another). Shims already forked are
     detached from it and finish all the same."""
+    step_watch.stop()
     forkserver.stop_server(str(tasks_dir()))
 
 

@@ -35,7 +35,7 @@ from runtime.tools import shell as shell_tool
 CREATE_TIME_TOLERANCE_S = 0.05
 
 
-def _shim_info(directory: Path) -> dict[str, Any] | None:
+def shim_info(directory: Path) -> dict[str, Any] | None:
     return load_json(directory / shim.SHIM_FILE) or load_json(directory / LAUNCH_FILE)
 
 
@@ -57,7 +57,7 @@ def _same_process(info: dict[str, Any]) -> psutil.Process | None:
 
 
 def shim_alive(handle_id: str) -> bool:
-    info = _shim_info(task_dir(handle_id))
+    info = shim_info(task_dir(handle_id))
     return bool(info) and _same_process(info) is not None
 
 
@@ -68,7 +68,7 @@ def cancel(handle_id: str) -> None:
         return
     fd = os.open(directory / shim.CANCEL_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
     os.close(fd)
-    info = _shim_info(directory)
+    info = shim_info(directory)
     if info and _same_process(info) is not None:
         try:
             os.kill(info["pid"], signal.SIGTERM)
@@ -88,7 +88,7 @@ def read_result(handle_id: str, *, request: dict[str, Any] | None = None) -> dic
     return shell_tool.result_envelope(raw, request, directory)
 
 
-def _record_shim_failure(directory: Path, message: str) -> None:
+def record_shim_failure(directory: Path, message: str) -> None:
     """Leave a result.json so every later read_result agrees on the failure."""
     try:
         with open(directory / shim.SHIM_ERR_FILE, "rb") as fh:
@@ -104,7 +104,7 @@ def _record_shim_failure(directory: Path, message: str) -> None:
     )
 
 
-class _ProgressTail:
+class ProgressTail:
     def __init__(self, path: Path, callback: Callable[[int, str], None] | None):
         self.path, self.callback, self.offset, self.buffer = path, callback, 0, b""
 
@@ -128,7 +128,7 @@ class _ProgressTail:
             self.callback(int(record["percent"]), str(record.get("message", "")))
 
 
-def _open_pidfd(info: dict[str, Any] | None) -> int | None:
+def open_pidfd(info: dict[str, Any] | None) -> int | None:
     if not info:
         return None
     try:
@@ -143,7 +143,7 @@ def _open_pidfd(info: dict[str, Any] | None) -> int | None:
     return fd
 
 
-def _kill_shim(info: dict[str, Any] | None) -> None:
+def kill_shim(info: dict[str, Any] | None) -> None:
     if info and _same_process(info) is not None:
         try:
             # As PID 1 the shim takes its namespace along; without one the
@@ -161,19 +161,25 @@ def wait(
     poll_interval: float = 0.02,
     launched: ShimHandle | None = None,
     request: dict[str, Any] | None = None,
-) -> dict:
+    hand_off: Callable[[dict[str, Any] | None, int], bool] | None = None,
+    hand_off_after_s: float = 0.0,
+) -> dict | None:
     """Block until the step's result exists and return its envelope.
 
     Works for a shim started by another (possibly dead) process too: that is
     how a restarted worker re-attaches. ``launched`` and ``request``: what
     the caller's own ``launch`` and ``prepare`` gave, saving their reading
-    back from disk.
+    back from disk. ``hand_off``: offered the shim's pid and create time
+    (or None: unknown yet) and how many bytes of progress lines were
+    recorded, once the step has run ``hand_off_after_s``; if
+    it returns True, someone else waits for the step now (``runtime.watcher``)
+    and this returns None at once.
     """
     directory = task_dir(handle_id)
     request = request or load_json(directory / shim.REQUEST_FILE)
     if request is None:
         raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
-    progress = _ProgressTail(directory / shim.PROGRESS_FILE, on_progress)
+    progress = ProgressTail(directory / shim.PROGRESS_FILE, on_progress)
     backstop = (
         time.monotonic()
         + float(request["timeout_s"])
@@ -186,8 +192,11 @@ def wait(
     info = None
     if launched is not None and launched.via in ("forkserver", "spare"):
         info = {"pid": launched.pid, "create_time": launched.create_time}
-    _await_shim_end(handle_id, directory, link=link, info=info, backstop=backstop, progress=progress,
-                    cancel_requested=cancel_requested, poll_interval=poll_interval)
+    hand_off_at = time.monotonic() + hand_off_after_s if hand_off is not None else None
+    if not _await_shim_end(handle_id, directory, link=link, info=info, backstop=backstop, progress=progress,
+                           cancel_requested=cancel_requested, poll_interval=poll_interval, hand_off=hand_off,
+                           hand_off_at=hand_off_at):
+        return None
     progress.poll()
     result = read_result(handle_id, request=request)
     assert result is not None  # every path of _await_shim_end leaves a result.json
@@ -195,38 +204,47 @@ def wait(
 
 
 def _await_shim_end(handle_id: str, directory: Path, *, link: ShimLink | None, info: dict[str, Any] | None, backstop: float,
-                    progress: _ProgressTail, cancel_requested: Callable[[], bool] | None,
-                    poll_interval: float) -> None:
-    """Wait for the shim's end, not just for result.json: when this returns,
-    the step's processes are gone (a shim says "done" only once it has
-    killed and reaped them all), and a result.json is there, the shim's or
-    one recording why it has none. Closes ``link``."""
+                    progress: ProgressTail, cancel_requested: Callable[[], bool] | None,
+                    poll_interval: float, hand_off: Callable[[dict[str, Any] | None, int], bool] | None = None,
+                    hand_off_at: float | None = None) -> bool:
+    """Wait for the shim's end, not just for result.json: when this returns
+    True, the step's processes are gone (a shim says "done" only once it
+    has killed and reaped them all), and a result.json is there, the shim's
+    or one recording why it has none. False: ``hand_off`` took the step
+    over (at ``hand_off_at``, unless a cancel was sent meanwhile). Closes
+    ``link``."""
     cancel_sent, pidfd = False, None
     result_path = directory / shim.RESULT_FILE
     try:
         while True:
             if link is None and pidfd is None:
-                info = info or _shim_info(directory)
-                pidfd = _open_pidfd(info)
+                info = info or shim_info(directory)
+                pidfd = open_pidfd(info)
                 if pidfd is None:
                     if not result_path.exists():
-                        _record_shim_failure(directory, "the shim is not running and left no result")
+                        record_shim_failure(directory, "the shim is not running and left no result")
                     break
             ready, _, _ = select.select([link or pidfd], [], [], poll_interval)
             progress.poll()
             if ready and (link is None or link.finished()):
                 reap_spawned()
                 if not result_path.exists():
-                    _record_shim_failure(directory, "the shim exited without writing result.json")
+                    record_shim_failure(directory, "the shim exited without writing result.json")
                 break
             if not cancel_sent and cancel_requested is not None and cancel_requested():
                 cancel(handle_id)
                 cancel_sent = True
             if time.monotonic() > backstop:
-                _kill_shim(info)
+                kill_shim(info)
                 if not result_path.exists():
-                    _record_shim_failure(directory, "the shim overran its timeout and was killed")
+                    record_shim_failure(directory, "the shim overran its timeout and was killed")
                 break
+            if hand_off_at is not None and not cancel_sent and time.monotonic() >= hand_off_at:
+                hand_off_at = None  # offered once: if it is refused, this process waits on
+                # The progress lines read so far are recorded: the new waiter reads on from there.
+                if hand_off(info, progress.offset - len(progress.buffer)):
+                    return False
+        return True
     finally:
         if pidfd is not None:
             os.close(pidfd)

@@ -33,12 +33,16 @@ def execute(
     on_progress: Callable[[int, str], None] | None = None,
     spare: forkserver.ShimLink | None = None,
     while_running: Callable[[], None] | None = None,
-) -> dict:
+    hand_off: Callable[[dict | None, int], bool] | None = None,
+    hand_off_after_s: float = 0.0,
+) -> dict | None:
     """Run one tool call to its end and return the step result envelope.
     ``spare``: a ``warm_shim`` for a shell step (closed unused otherwise).
     ``while_running``: called once a shell step's shim is started, before
     waiting for it (the caller's chance to get the next step ready); what it
-    raises is logged, never the step's failure."""
+    raises is logged, never the step's failure. ``hand_off`` and
+    ``hand_off_after_s``: see ``attach.wait``; None when the step was
+    handed off (a shell step still running after that time)."""
     started = time.time()
     try:
         directory, request = prepare_request(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt,
@@ -52,7 +56,7 @@ def execute(
                 except Exception:
                     logger.exception("getting the next step ready failed; it starts the usual way")
             return wait(handle_id, cancel_requested=cancel_requested, on_progress=on_progress, launched=launched,
-                        request=request)
+                        request=request, hand_off=hand_off, hand_off_after_s=hand_off_after_s)
     except EnvelopeError as exc:
         return failed_result(handle_id, exc.envelope, attempt=attempt, started_at=started, finished_at=time.time())
     except OSError as exc:

@@ -86,7 +86,8 @@ def host_register(
     if capabilities is None:
         capabilities = capability_manifest()
     wanted = {
-        "task_slots": task_slots or settings.EXECGO_TASK_SLOTS or capabilities["cpu"]["logical"],
+        "task_slots": (task_slots or settings.EXECGO_TASK_SLOTS
+                       or capabilities["cpu"]["logical"] * settings.EXECGO_TASK_SLOTS_PER_CPU),
         "memory_bytes": memory_bytes or settings.EXECGO_MEMORY_BYTES or capabilities["memory"]["total_bytes"],
         "pids": pids or settings.EXECGO_PIDS_CAPACITY,
     }
@@ -152,6 +153,14 @@ def transfer(from_handle: str, to_handle: str, *, host: str, slots: int = 1, mem
     return statements.update(Reservation, {"handle_id": from_handle, "host_id": host, **amounts},
                              {"handle_id": to_handle, "reserved_at": timezone.now(), "waited_ms": 0,
                               "owner_pid": pid, "owner_started_at": started_at}) == 1
+
+
+def hand_over(handle_id: str, pid: int) -> bool:
+    """Make process ``pid`` of this host the owner of ``handle_id``'s
+    reservation (a step handed to its worker's watcher, ``runtime.watcher``);
+    False when there is no such reservation (already released)."""
+    return Reservation.objects.filter(handle_id=handle_id).update(
+        owner_pid=pid, owner_started_at=process_started_at(pid)) == 1
 
 
 def release(handle_id: str, *, only_mine: bool = False) -> bool:

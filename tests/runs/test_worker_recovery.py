@@ -219,8 +219,11 @@ def check_outcome(run_ids: list[int], handles: dict[int, str]) -> None:
 
     reattached = {row.data["handle_id"]: row.data for row in AuditLog.objects.filter(event="step_reattached")}
     assert set(reattached) == set(handles.values())
-    for run_id in run_ids:
-        assert reattached[handles[run_id]]["status"] == steps[run_id].run_status
+    for run_id, group in zip(run_ids, GROUPS):
+        # A shim that ended while no worker ran is ingested at once; one still
+        # running is handed to the new worker's watcher, and recorded later.
+        expected = steps[run_id].run_status if group in ("A", "K1") else StepRunStatus.RUNNING
+        assert reattached[handles[run_id]]["status"] == expected
         assert reattached[handles[run_id]]["attempt"] == 1
     # Each result was applied exactly once: nothing reached a fence twice.
     assert not AuditLog.objects.filter(run_id__in=run_ids, event="stale_result_ignored").exists()
