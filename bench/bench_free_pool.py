@@ -2,7 +2,7 @@
 through while long steps run, and how quickly a burst of slow runs drains,
 on one `-c 2` worker.
 
-    .venv/bin/python bench/bench_free_pool.py [--repeat 7] [--burst 200] [--concurrency 2] [--pool-bound]
+    .venv/bin/python bench/bench_free_pool.py [--repeat 7] [--burst 200] [--concurrency 2] [--pool-bound] [--only quick|burst]
 
 Two parts, each on a fresh Celery worker and a Daphne web process (both
 real, debug off, no beat), PostgreSQL (its own database,
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=200, help="`sleep 1` runs submitted at once")
     parser.add_argument("--concurrency", "-c", type=int, default=2, help="the worker's pool processes")
     parser.add_argument("--pool-bound", action="store_true", help="pool processes wait for their steps (before)")
+    parser.add_argument("--only", choices=("quick", "burst"), help="run one of the two parts")
     args = parser.parse_args()
     if args.pool_bound:
         os.environ["EXECGO_STEP_HAND_OFF_S"] = "-1"
@@ -73,7 +74,10 @@ def main() -> None:
     print(f"worker -c {args.concurrency}, {mode}; {os.environ['DATABASE_URL'].split(':')[0]} + "
           f"{os.environ['CELERY_BROKER_URL'].split(':')[0]}")
     try:
-        for part in (quick_beside_sleepers, burst):
+        parts = {"quick": quick_beside_sleepers, "burst": burst}
+        for name, part in parts.items():
+            if args.only not in (None, name):
+                continue
             worker = start_worker(data_dir, args.concurrency)
             web, port = start_web(data_dir)
             client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,

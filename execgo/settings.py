@@ -257,7 +257,7 @@ EXECGO_TASK_SLOTS_PER_CPU = env_int("EXECGO_TASK_SLOTS_PER_CPU", 16)
 # A pool process waits this long for the shim it launched, then hands the step
 # to its worker's watcher (runtime.watcher) and takes other work; negative:
 # never (the pool process waits for every step to its end).
-EXECGO_STEP_HAND_OFF_S = env_float("EXECGO_STEP_HAND_OFF_S", 0.03)
+EXECGO_STEP_HAND_OFF_S = env_float("EXECGO_STEP_HAND_OFF_S", 0.015)
 EXECGO_MEMORY_BYTES = env_int("EXECGO_MEMORY_BYTES", 0)  # 0: the machine's memory
 EXECGO_PIDS_CAPACITY = env_int("EXECGO_PIDS_CAPACITY", 4096)
 # A step waits this long in its worker process for a free slot, then goes

@@ -11,8 +11,9 @@ progress line is written as the pool process would have.
 """
 
 import logging
+from functools import wraps
 
-from django.db import close_old_connections
+from django.db import DatabaseError, connections
 
 from runs.dataplane import current_host
 from runs.dispatch import enqueue_watched_end
@@ -41,23 +42,40 @@ def stop() -> None:
         _watcher = None
 
 
+def _keeping_its_connections(callback):
+    """The watcher's thread keeps its database connections open between
+    ticks (opening one per tick costs the database a process); one that
+    failed is closed, so the next tick opens another."""
+
+    @wraps(callback)
+    def call(*args):
+        try:
+            return callback(*args)
+        except DatabaseError:
+            for connection in connections.all(initialized_only=True):
+                connection.close()
+            raise
+
+    return call
+
+
+@_keeping_its_connections
 def _ended(watched: Watched) -> None:
-    close_old_connections()
     # Written as a Dispatch row if the broker refuses it: relayed, never lost.
     enqueue_watched_end(watched.ref["step"], watched.ref["attempt"], current_host())
 
 
+@_keeping_its_connections
 def _cancelled(watched: list[Watched]) -> set[str]:
     if not watched:
         return set()
-    close_old_connections()
     runs = set(Run.objects.filter(pk__in={w.ref["run"] for w in watched})
                .exclude(cancel_requested_at=None, state=RunState.EXECUTING).values_list("pk", flat=True))
     return {w.handle_id for w in watched if w.ref["run"] in runs}
 
 
+@_keeping_its_connections
 def _progressed(watched: Watched, percent: int, message: str) -> None:
-    close_old_connections()
     step = Step.objects.filter(pk=watched.ref["step"], attempt=watched.ref["attempt"],
                                run_status=StepRunStatus.RUNNING).first()
     if step is not None:
