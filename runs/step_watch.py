@@ -5,7 +5,7 @@ process, started once its pool runs.
 What the watcher reports becomes harness work here: an ended step is a
 task on this host's queue that records its result (``execution.
 step_watched_end``: fenced by the attempt, so a duplicate report is
-harmless); a cancel is the run's ``cancel_requested_at`` or a run no
+harmless), sent again while its attempt still shows running; a cancel is the run's ``cancel_requested_at`` or a run no
 longer EXECUTING, asked for every watched run in one query per tick; a
 progress line is written as the pool process would have.
 """
@@ -31,7 +31,7 @@ def start() -> Watcher:
     """Start this process's watcher (a worker's main process, once)."""
     global _watcher
     if _watcher is None:
-        _watcher = Watcher(ended=_ended, cancelled=_cancelled, progress=_progressed).start()
+        _watcher = Watcher(ended=_ended, recorded=_recorded, cancelled=_cancelled, progress=_progressed).start()
     return _watcher
 
 
@@ -63,6 +63,15 @@ def _keeping_its_connections(callback):
 def _ended(watched: Watched) -> None:
     # Written as a Dispatch row if the broker refuses it: relayed, never lost.
     enqueue_watched_end(watched.ref["step"], watched.ref["attempt"], current_host())
+
+
+@_keeping_its_connections
+def _recorded(watched: list[Watched]) -> set[str]:
+    """The reported steps whose attempt is no longer running: recorded (or
+    closed by the sweeper or a cancel meanwhile)."""
+    running = set(Step.objects.filter(pk__in={w.ref["step"] for w in watched}, run_status=StepRunStatus.RUNNING)
+                  .values_list("pk", "attempt"))
+    return {w.handle_id for w in watched if (w.ref["step"], w.ref["attempt"]) not in running}
 
 
 @_keeping_its_connections

@@ -11,7 +11,10 @@ of their runs is being cancelled, and kills a shim that overran its
 timeout by ``EXECGO_SHIM_BACKSTOP_S``, as ``attach.wait`` does for one.
 When a shim has ended, the watcher reports it (``ended``: the harness
 sends a task that records the result); a report that fails (the broker and
-the database both down) is tried again every tick, never dropped.
+the database both down) is tried again every tick, never dropped. A report
+the broker took is not forgotten either: until ``recorded`` says the
+result is in, it is sent again after ``REPORT_AGAIN_S``, then twice as
+long each time (a broker restarted empty loses what it held).
 
 Hand-off is a datagram on an abstract unix socket named after the worker's
 main process, which only its own pool processes may use: the kernel tells
@@ -57,6 +60,8 @@ from runtime.layout import load_json, task_dir
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE = 4096
+REPORT_AGAIN_S, REPORT_AGAIN_MAX_S = 5.0, 60.0
+CONFIRM_EVERY_S = 1.0
 UCRED = struct.Struct("3i")  # pid, uid, gid
 SEND_TIMEOUT_S = 1.0
 
@@ -104,15 +109,22 @@ class Watched:
 class Watcher:
     """The watcher thread of one worker (``start``/``stop``). ``ended``: a
     step's shim is gone and its result.json written (raise to be called
-    again next tick); ``cancelled``: which of the watched steps are to be
-    cancelled (handle ids); ``progress``: a progress line of a step."""
+    again next tick); ``recorded``: which of the reported steps have their
+    result recorded (handle ids; the others are reported again in time);
+    ``cancelled``: which of the watched steps are to be cancelled (handle
+    ids); ``progress``: a progress line of a step."""
 
-    def __init__(self, *, ended: Callable[[Watched], None],
+    def __init__(self, *, ended: Callable[[Watched], None], recorded: Callable[[list[Watched]], Iterable[str]],
                  cancelled: Callable[[list[Watched]], Iterable[str]],
-                 progress: Callable[[Watched, int, str], None], tick_s: float = 0.1):
-        self.ended, self.cancelled, self.progress, self.tick_s = ended, cancelled, progress, tick_s
+                 progress: Callable[[Watched, int, str], None], tick_s: float = 0.1,
+                 report_again_s: float = REPORT_AGAIN_S):
+        self.ended, self.recorded, self.cancelled, self.progress = ended, recorded, cancelled, progress
+        self.tick_s, self.report_again_s = tick_s, report_again_s
         self.watched: dict[str, Watched] = {}
         self.unreported: list[Watched] = []
+        # Reported, not yet seen recorded: handle -> (watched, when to report again, the wait after that).
+        self.reported: dict[str, tuple[Watched, float, float]] = {}
+        self.next_confirm = 0.0
         self.selector = selectors.DefaultSelector()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -188,7 +200,7 @@ class Watcher:
     def watch(self, handle_id: str, *, ref: dict[str, Any], info: dict[str, Any] | None = None,
               progress_offset: int = 0) -> None:
         """Watch ``handle_id``'s shim (a second hand-off of it is ignored)."""
-        if handle_id in self.watched:
+        if handle_id in self.watched or handle_id in self.reported:
             return
         directory = task_dir(handle_id)
         request = load_json(directory / shim.REQUEST_FILE) or {}
@@ -231,6 +243,8 @@ class Watcher:
             try:
                 self.ended(watched)
                 self.watched.pop(watched.handle_id, None)
+                self.reported[watched.handle_id] = (watched, time.monotonic() + self.report_again_s,
+                                                    self.report_again_s)
             except Exception:
                 logger.exception("could not report the end of step %s; trying again", watched.handle_id)
                 left.append(watched)
@@ -239,6 +253,8 @@ class Watcher:
     def _tick(self) -> None:
         if self.unreported:
             self._report()
+        if self.reported and time.monotonic() >= self.next_confirm:
+            self._confirm()
         running = [watched for watched in self.watched.values() if not watched.ended]
         if not running:
             return
@@ -253,3 +269,23 @@ class Watcher:
             if now > watched.backstop:
                 kill_shim(watched.info)
                 self._end(watched, "the shim overran its timeout and was killed")
+
+    def _confirm(self) -> None:
+        """Forget the reports whose result is recorded; send again those that
+        are overdue (the broker may have lost them)."""
+        self.next_confirm = time.monotonic() + CONFIRM_EVERY_S
+        for handle_id in set(self.recorded([watched for watched, _at, _wait in self.reported.values()])):
+            self.reported.pop(handle_id, None)
+        now = time.monotonic()
+        for handle_id, (watched, at, wait) in list(self.reported.items()):
+            if now < at:
+                continue
+            try:
+                self.ended(watched)
+            except Exception:
+                logger.exception("could not report the end of step %s again", handle_id)
+                continue
+            logger.warning("step %s: its end reported again, its result still not recorded after %.0f s",
+                           handle_id, wait)
+            wait = min(wait * 2, REPORT_AGAIN_MAX_S)
+            self.reported[handle_id] = (watched, now + wait, wait)

@@ -169,14 +169,23 @@ def test_a_step_cannot_reach_the_watcher(api, worker):
 
 
 class Reports:
-    def __init__(self, fail: int = 0):
-        self.ended, self.fail = [], fail
+    """The harness's side: ``fail`` reports refused first (a broker down);
+    a reported step counts as recorded once ``recorded`` holds its handle,
+    or at once with ``record_at_once``."""
+
+    def __init__(self, fail: int = 0, record_at_once: bool = True):
+        self.ended, self.fail, self.record_at_once, self.recorded = [], fail, record_at_once, set()
 
     def on_end(self, watched):
         if self.fail:
             self.fail -= 1
             raise RuntimeError("the broker is down")
         self.ended.append(watched)
+        if self.record_at_once:
+            self.recorded.add(watched.handle_id)
+
+    def on_recorded(self, watched):
+        return {w.handle_id for w in watched if w.handle_id in self.recorded}
 
 
 def send_from(process_argv_prefix: list[str], pid: int, handle_id: str, sleeper_pid: int) -> None:
@@ -195,8 +204,9 @@ def in_process_watcher(settings, tmp_path):
     made = []
 
     def start(reports: Reports, **kwargs):
-        made.append(watcher.Watcher(ended=reports.on_end, cancelled=lambda watched: set(),
-                                    progress=lambda *args: None, tick_s=0.05, **kwargs).start())
+        made.append(watcher.Watcher(ended=reports.on_end, recorded=reports.on_recorded,
+                                    cancelled=lambda watched: set(), progress=lambda *args: None, tick_s=0.05,
+                                    **kwargs).start())
         return made[-1]
 
     yield start
@@ -225,6 +235,28 @@ def test_the_watcher_takes_its_children_s_hand_offs_and_reports_their_end(in_pro
     # No result from the "shim": one is recorded, saying so.
     recorded = json.loads((layout.task_dir("h-mine") / shim.RESULT_FILE).read_text())
     assert "without writing result.json" in recorded["shim_error"]
+
+
+def test_a_report_the_broker_lost_is_sent_again_until_the_result_is_recorded(in_process_watcher):
+    reports = Reports(record_at_once=False)
+    running = in_process_watcher(reports, report_again_s=0.2)
+    layout.task_dir("h-lost").mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        send_from([], os.getpid(), "h-lost", sleeper.pid)
+        wait_until(lambda: "h-lost" in running.watched, timeout=10, what="the hand-off")
+        sleeper.kill()
+        # Taken by the "broker" each time, never recorded: reported again, with a growing wait.
+        wait_until(lambda: len(reports.ended) >= 3, timeout=15, what="the report sent again")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    reports.recorded.add("h-lost")  # the result is in now
+    time.sleep(1.5)  # the next confirmation (every second) forgets it
+    count = len(reports.ended)
+    time.sleep(2.0)
+    assert len(reports.ended) == count and running.reported == {}
+    assert {watched.handle_id for watched in reports.ended} == {"h-lost"}
 
 
 def test_the_watcher_ignores_a_hand_off_from_a_process_that_is_not_its_child(in_process_watcher):
