@@ -1,18 +1,21 @@
-"""What the audit chain's head lock costs writers of one tenant: audited
-transactions a second from several processes at once, all on one tenant
-(one chain) and each on a tenant of its own (a chain each).
+"""What the audit chain costs writers of one tenant: audited transactions
+a second from several processes at once, all on one tenant and each on a
+tenant of its own.
 
     .venv/bin/python bench/bench_audit_chain.py [--processes 8] [--seconds 10] [--hold-ms 1]
 
 PostgreSQL (its own database, execgo_bench_audit) unless DATABASE_URL is
 set. Each process repeats, for --seconds: a transaction that appends one
-audit row through ``runs.audit.audit`` (the chain head locked, the row
+audit row through ``runs.audit.audit`` (a lane's head locked, the row
 hashed and inserted, the head moved) and then holds its transaction
 --hold-ms longer (``pg_sleep``: the rest of a transition's statements,
 which run after its audit row and before its commit while the head stays
-locked). Prints transactions a second and the 50th and 99th percentile of
-a transaction's time, for one chain and for a chain a process, and their
-ratio: near 1, the head lock does not serialise the writers; near
+locked). Three measurements: one tenant with one caller lane
+(EXECGO_AUDIT_LANES=1: every writer of the tenant on one head, as before
+lanes), one tenant with the configured lanes (default 32), and a tenant
+each. Prints transactions a second and the 50th and 99th percentile of a
+transaction's time for each, and the ratio of one tenant's throughput to
+a tenant each's: near 1, the chain does not serialise the writers; near
 1/--processes, it does.
 """
 
@@ -88,6 +91,7 @@ def main() -> None:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
 
     from runs.models import Tenant
@@ -95,14 +99,21 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     tenants = [Tenant.objects.get_or_create(name=f"bench-audit-{index}")[0].pk for index in range(args.processes)]
     hold_s = args.hold_ms / 1000
+    lanes = os.environ.get("EXECGO_AUDIT_LANES", "")
+    os.environ["EXECGO_AUDIT_LANES"] = "1"  # the spawned writers read it at their start
+    one_lane = measure([tenants[0]] * args.processes, args.seconds, hold_s)
+    os.environ["EXECGO_AUDIT_LANES"] = lanes or str(settings.EXECGO_AUDIT_LANES)
     one = measure([tenants[0]] * args.processes, args.seconds, hold_s)
     own = measure(tenants, args.seconds, hold_s)
     print(f"{args.processes} processes appending audit rows for {args.seconds:g} s, each transaction held "
           f"{args.hold_ms:g} ms after its row ({os.environ['DATABASE_URL'].split(':')[0]}, "
           f"{os.cpu_count()} CPUs)")
-    for label, (rate, p50, p99) in (("one tenant (one chain)", one), ("a tenant each (a chain each)", own)):
+    for label, (rate, p50, p99) in (("one tenant, 1 lane", one_lane),
+                                    (f"one tenant, {os.environ['EXECGO_AUDIT_LANES']} lanes", one),
+                                    ("a tenant each", own)):
         print(f"  {label}: {rate:.0f} transactions/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms")
-    print(f"  one chain / a chain each: {one[0] / own[0]:.2f} of the throughput")
+    print(f"  one tenant / a tenant each: {one_lane[0] / own[0]:.2f} of the throughput with 1 lane, "
+          f"{one[0] / own[0]:.2f} with {os.environ['EXECGO_AUDIT_LANES']}")
 
 
 if __name__ == "__main__":

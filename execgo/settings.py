@@ -249,6 +249,10 @@ EXECGO_TASKS_DIR = DATA_DIR / "tasks"
 EXECGO_TASK_RETENTION_S = env_int("EXECGO_TASK_RETENTION_S", 7 * 24 * 3600)
 # The execution data plane of this worker host.
 EXECGO_HOST_NAME = env_str("EXECGO_HOST_NAME", "")  # empty: the machine's hostname
+# A tenant's audit rows written with their callers' transactions chain in this
+# many lanes on PostgreSQL (runs.audit): a writer takes a lane no other
+# transaction holds, so one tenant's writers do not queue on one chain head.
+EXECGO_AUDIT_LANES = env_int("EXECGO_AUDIT_LANES", 32)
 # Steps a host runs at once (the resource ledger's slots). A step waiting on its
 # shim holds no worker process (EXECGO_STEP_HAND_OFF_S) and no CPU, so the
 # default is many per CPU: 0 means EXECGO_TASK_SLOTS_PER_CPU for each CPU.

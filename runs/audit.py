@@ -9,22 +9,35 @@ connection, which commits on its own. SQLite has a single writer and the
 caller's open transaction holds it, so there such a row can only ride with
 that transaction; outside a transaction both commit at once anyway.
 
-The chain: the rows of one tenant are numbered by ``chain_seq`` and each
-stores ``row_hash`` = SHA-256 of the canonical JSON of its content, which
-includes ``prev_hash``, the ``row_hash`` of the row before it (``GENESIS``
-for the first). The writer locks the chain's ``AuditChainHead`` row for the
-rest of its transaction (an upsert that returns the last link), so
-concurrent writers of a tenant queue there and never fork the chain; the
-unique (tenant, lane, chain_seq) constraint refuses a fork even if they did.
+The chain: the rows of one tenant's lane (``chain_lane``) are numbered by
+``chain_seq`` and each stores ``row_hash`` = SHA-256 of the canonical JSON
+of its content, which includes ``prev_hash``, the ``row_hash`` of the row
+before it in its lane (``GENESIS`` for the first). The writer locks the
+lane's ``AuditChainHead`` row for the rest of its transaction and reads
+the last link there, so writers never fork a lane; the unique (tenant,
+lane, chain_seq) constraint refuses a fork even if they did.
 
-A tenant has two chains, one per connection (``chain_lane``): rows that ride
-with the caller's transaction (lane 0), and rows written independently on
-the audit connection (lane 1). An independent row is often written by a
-transaction that already holds its tenant's lane-0 head (a run that moved,
-then tried an illegal edge): on one chain it would wait for a lock its own
-caller holds until that caller ends, which is never. The audit connection's
-transactions hold only lane-1 heads and commit at once, so no writer ever
-waits on itself.
+A tenant's lanes: the rows written independently on the audit connection
+(lane 1), and those that ride with the caller's transaction, in lanes 0,
+2, 3, … (``EXECGO_AUDIT_LANES`` of them). An independent row is often
+written by a transaction that already holds one of its tenant's caller
+lanes (a run that moved, then tried an illegal edge): on one chain it would
+wait for a lock its own caller holds until that caller ends, which is
+never. The audit connection's transactions hold only lane-1 heads and
+commit at once, so no writer ever waits on itself.
+
+Caller lanes exist so that one tenant's transactions do not queue behind
+one another: a head stays locked until its transaction commits, and with
+one head per tenant every audited transition of a tenant waited for the
+one before it to commit (``bench/bench_audit_chain.py`` measured a quarter
+of the throughput of a lane each with 8 writers). On PostgreSQL a
+transaction's first row takes the lowest lane no other transaction holds
+(``SKIP LOCKED``, so it never waits while one is free) and its later rows
+stay in that lane. A lone writer always writes lane 0. On SQLite, which
+has one writer at a time anyway, every caller row goes to lane 0. Each
+lane is verified like the one chain before: a row edited, removed,
+inserted or moved within its lane breaks it, and its head names its last
+link.
 
 The hashed content is exactly what ``execgo_audit_export`` writes, minus
 ``id`` and ``row_hash`` (``runs.audit_hash``), so ``tools/verify_audit.py``
@@ -67,18 +80,25 @@ def user_or_none(actor: Any):
 
 
 def _append(row: AuditLog, *, using: str) -> None:
-    row.chain_lane = INDEPENDENT_LANE if using == "audit" else CALLER_LANE
+    chain = row.tenant_id or NO_TENANT_CHAIN
     # No savepoint: inside the caller's transaction a failure here must roll
     # that transaction back (a head advanced without its row, or the
     # reverse, can never commit).
     with transaction.atomic(using=using, savepoint=False):
-        if row.run_id is not None and row.chain_lane == CALLER_LANE and not settings.IS_SQLITE:
-            # Locks in one order, the run's row before its tenant's head: a
-            # transaction that audited first and drove the run after would
-            # otherwise deadlock with one that holds the run and audits.
-            # (Not on the audit connection: its caller may hold the run.)
-            statements.select_for_update(Run, row.run_id, ("id",), using=using)
-        seq, last_hash = _lock_head(row.tenant_id or NO_TENANT_CHAIN, row.chain_lane, using)
+        if using == "audit":
+            row.chain_lane = INDEPENDENT_LANE
+            seq, last_hash = _lock_head(chain, INDEPENDENT_LANE, using)
+        elif settings.IS_SQLITE:  # one writer at a time anyway: one caller lane
+            row.chain_lane = CALLER_LANE
+            seq, last_hash = _lock_head(chain, CALLER_LANE, using)
+        else:
+            if row.run_id is not None:
+                # Locks in one order, the run's row before its tenant's head: a
+                # transaction that audited first and drove the run after would
+                # otherwise deadlock with one that holds the run and audits.
+                # (Not on the audit connection: its caller may hold the run.)
+                statements.select_for_update(Run, row.run_id, ("id",), using=using)
+            row.chain_lane, seq, last_hash = _lock_free_lane(chain, using)
         row.chain_seq = seq + 1
         row.prev_hash = last_hash or GENESIS
         row.created_at = timezone.now()
@@ -102,6 +122,55 @@ def _lock_head(chain: int, lane: int, using: str) -> tuple[int, str]:
         )
         seq, last_hash = cursor.fetchone()
     return seq, last_hash
+
+
+def _lock_free_lane(chain: int, using: str) -> tuple[int, int, str]:
+    """PostgreSQL: take a caller lane of ``chain`` that no other transaction
+    holds, lock its head and return (lane, seq, last_hash): this
+    transaction's own lane when it has audited before (so a transaction
+    holds one lane of a chain), else the lowest free one (a lone writer
+    always writes lane 0). A lane is held by a transaction-level advisory
+    lock, taken with ``pg_try_advisory_xact_lock``, which never waits: one
+    tenant's writers do not queue behind each other's transactions until
+    all ``EXECGO_AUDIT_LANES`` lanes are held at once, and a lane's head
+    row, missing or not, is only ever touched by its holder. With every
+    lane held the writer waits for lane 0, holding no lane of that chain
+    itself (its own would have been free to it), so it cannot deadlock
+    there."""
+    conn = connections[using]
+    held_transaction, held_lanes = getattr(conn, "execgo_audit_lanes", ("", ()))
+    lanes = caller_lanes()
+    with conn.cursor() as cursor:
+        # Without ORDER BY the function scan hands the lanes over in order and
+        # LIMIT stops at the first one locked: no other lane is taken.
+        cursor.execute(
+            "SELECT lane, pg_current_xact_id()::text FROM unnest("
+            "CASE WHEN pg_current_xact_id()::text = %s THEN %s::int[] ELSE '{}'::int[] END || %s::int[]) AS lane "
+            f"WHERE pg_try_advisory_xact_lock({LANE_LOCK_KEY}) LIMIT 1",
+            [held_transaction, list(held_lanes), lanes, chain])
+        found = cursor.fetchone()
+        if found is None:  # every lane held by other transactions: wait for one
+            lane = lanes[0]
+            cursor.execute(f"SELECT pg_advisory_xact_lock({LANE_LOCK_KEY}), pg_current_xact_id()::text "
+                           "FROM (SELECT %s::int AS lane) AS chosen", [chain, lane])
+            transaction_id = cursor.fetchone()[1]
+        else:
+            lane, transaction_id = found
+    conn.execgo_audit_lanes = (transaction_id, (*held_lanes, lane) if held_transaction == transaction_id else (lane,))
+    seq, last_hash = _lock_head(chain, lane, using)
+    return lane, seq, last_hash
+
+
+# The advisory lock of a caller lane: a negative key (chain × -1024 - lane - 1), apart from
+# any positive key, one per (chain, lane) while there are fewer than 1024 lanes.
+LANE_LOCK_KEY = "%s::bigint * -1024 - lane - 1"
+
+
+def caller_lanes() -> list[int]:
+    """The lanes of rows committed with the caller's transaction: 0, then
+    2, 3, … (1 is the independent lane), ``EXECGO_AUDIT_LANES`` in all."""
+    count = max(1, min(settings.EXECGO_AUDIT_LANES, 1000))  # the lock keys leave room for 1023
+    return [CALLER_LANE, *range(INDEPENDENT_LANE + 1, INDEPENDENT_LANE + count)]
 
 
 # --- SQLite: the connection-level flag that lets a flush empty the table -----

@@ -127,9 +127,23 @@ def test_an_independent_row_outlives_the_rollback_in_its_own_lane(tenant):
     assert audit_chain_breaks() == []
 
 
+def write_as(caller: str, tenant_id: int, count: int) -> None:
+    for index in range(count):
+        audit("state_changed", run_id=None, tenant_id=tenant_id, caller=caller, data={"index": index})
+
+
+def caller_lanes_of(tenant_id: int) -> dict[int, list[AuditLog]]:
+    """A tenant's rows written with their callers' transactions, by lane."""
+    lanes: dict[int, list[AuditLog]] = {}
+    for row in AuditLog.objects.filter(tenant_id=tenant_id).exclude(chain_lane=1).order_by("chain_lane",
+                                                                                             "chain_seq"):
+        lanes.setdefault(row.chain_lane, []).append(row)
+    return lanes
+
+
 @postgres_only
 @transactional
-def test_concurrent_writers_keep_one_unbroken_chain(tenant):
+def test_concurrent_writers_keep_every_lane_unbroken(tenant):
     threads, rows_each = 8, 15
     barrier = threading.Barrier(threads)
     errors: list[BaseException] = []
@@ -157,12 +171,123 @@ def test_concurrent_writers_keep_one_unbroken_chain(tenant):
         thread.join(timeout=120)
 
     assert errors == []
-    main, independent = chain_of(tenant.pk), chain_of(tenant.pk, lane=1)
-    assert len(main) == threads * rows_each
+    lanes, independent = caller_lanes_of(tenant.pk), chain_of(tenant.pk, lane=1)
+    rows = [row for lane in lanes.values() for row in lane]
+    assert len(rows) == threads * rows_each
     assert len(independent) == threads * 3
-    assert {row.caller for row in main} == {f"writer {number}" for number in range(threads)}
-    assert_unbroken(main, chain=tenant.pk)
+    assert {row.caller for row in rows} == {f"writer {number}" for number in range(threads)}
+    for lane, lane_rows in lanes.items():
+        assert_unbroken(lane_rows, chain=tenant.pk, lane=lane)
     assert_unbroken(independent, chain=tenant.pk, lane=1)
+    assert audit_chain_breaks() == []
+
+
+@postgres_only
+@transactional
+def test_a_writer_holding_a_lane_does_not_hold_up_another_and_keeps_its_lane(tenant):
+    """A transaction that audited keeps its lane's head until it commits;
+    another writer of the same tenant meanwhile takes a free lane at once
+    instead of waiting for that commit."""
+    from django.db import connections
+
+    first_wrote, second_done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                write_as("first", tenant.pk, 2)
+                first_wrote.set()
+                # Held open until the other writer is done (or long after a wait would show).
+                second_done.wait(timeout=30)
+                write_as("first", tenant.pk, 1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            first_wrote.set()
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            first_wrote.wait(timeout=30)
+            with transaction.atomic():
+                write_as("second", tenant.pk, 2)
+            second_done.set()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    started = time.monotonic()
+    pool = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=60)
+    assert errors == []
+    assert second_done.is_set() and time.monotonic() - started < 30  # the second never waited for the first
+    lanes = caller_lanes_of(tenant.pk)
+    by_caller = {caller: {row.chain_lane for rows in lanes.values() for row in rows if row.caller == caller}
+                 for caller in ("first", "second")}
+    # Each transaction's rows in one lane: the first's three (its last written after the
+    # second's commit), the second's two in another.
+    assert len(by_caller["first"]) == 1 and len(by_caller["second"]) == 1
+    assert by_caller["first"] != by_caller["second"]
+    assert by_caller["first"] == {0}  # the lowest free lane
+    for lane, lane_rows in lanes.items():
+        assert_unbroken(lane_rows, chain=tenant.pk, lane=lane)
+    assert audit_chain_breaks() == []
+
+
+@postgres_only
+@transactional
+def test_with_every_lane_held_a_writer_waits_for_one(tenant, settings):
+    """Two lanes, both held by open transactions: a third writer waits (it
+    holds no lane itself, so nothing can deadlock) and writes once one of
+    them commits."""
+    from django.db import connections
+
+    settings.EXECGO_AUDIT_LANES = 2
+    holding, release, third_done = threading.Barrier(3), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def holder(name: str) -> None:
+        try:
+            with transaction.atomic():
+                write_as(name, tenant.pk, 1)
+                holding.wait(timeout=30)
+                release.wait(timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def third() -> None:
+        try:
+            with transaction.atomic():
+                write_as("third", tenant.pk, 1)
+            third_done.set()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    holders = [threading.Thread(target=holder, args=(name,)) for name in ("one", "two")]
+    for thread in holders:
+        thread.start()
+    holding.wait(timeout=30)  # both lanes held now
+    waiter = threading.Thread(target=third)
+    waiter.start()
+    assert not third_done.wait(timeout=1.0)  # every lane held: it waits
+    release.set()
+    for thread in [*holders, waiter]:
+        thread.join(timeout=60)
+    assert errors == [] and third_done.is_set()
+    lanes = caller_lanes_of(tenant.pk)
+    assert set(lanes) == {0, 2}
+    assert sorted(row.caller for rows in lanes.values() for row in rows) == ["one", "third", "two"]
+    for lane, lane_rows in lanes.items():
+        assert_unbroken(lane_rows, chain=tenant.pk, lane=lane)
     assert audit_chain_breaks() == []
 
 
