@@ -471,6 +471,52 @@ def test_execgo_reconcile_names_the_first_broken_row(tenant, tamper):
     assert violations[0].startswith(f"VIOLATION: audit chain of tenant {tenant.pk} (lane 0) {expected}"), violations
 
 
+@postgres_only
+@transactional
+@pytest.mark.parametrize("tamper", ["delete-middle", "move-to-lane-0"])
+def test_a_row_tampered_in_another_lane_is_named_too(tenant, tamper):
+    """While a transaction holds lane 0, the tenant's other writers chain in
+    lane 2: a row removed there, or moved to lane 0, is found like any."""
+    from django.db import connections
+
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                write_as("holder", tenant.pk, 1)
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            holding.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(timeout=30)
+        write(tenant.pk, 4)  # four transactions of their own, lane 0 held meanwhile
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    rows = chain_of(tenant.pk, lane=2)
+    assert len(rows) == 4 and [row.caller for row in chain_of(tenant.pk)] == ["holder"]
+    assert audit_chain_breaks() == []
+
+    if tamper == "delete-middle":
+        bypassing_the_trigger(f"DELETE FROM {AuditLog._meta.db_table} WHERE id = %s", [rows[1].pk])
+        expected = [f"audit chain of tenant {tenant.pk} (lane 2) broken at row {rows[2].pk} (seq 3"]
+    else:
+        bypassing_the_trigger(f"UPDATE {AuditLog._meta.db_table} SET chain_lane = 0, chain_seq = 2 WHERE id = %s",
+                              [rows[3].pk])
+        expected = [f"audit chain of tenant {tenant.pk} (lane 0) broken at row {rows[3].pk} (seq 2",
+                    f"audit chain of tenant {tenant.pk} (lane 2) broken after row {rows[2].pk} (seq 3)"]
+    breaks = audit_chain_breaks()
+    assert len(breaks) == len(expected), breaks
+    for found, wanted in zip(sorted(breaks), sorted(expected)):
+        assert found.startswith(wanted), breaks
+
+
 # --- the export, verified offline -----------------------------------------------------------------
 
 
