@@ -19,6 +19,7 @@ from django.db import connection
 
 from runs.models import AuditLog, Dispatch, Run
 from tests.conftest import ROOT, WorkerProcess, _worker_env, free_port, log_tails, make_token, wait_until
+from tests.reliability.checker import check_history
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,7 +115,7 @@ def submit(client: httpx.Client, key: str) -> httpx.Response:
     return client.post("/api/v1/runs", json={"title": key, "plan": PLAN}, headers={"Idempotency-Key": key})
 
 
-def test_a_broker_killed_and_restarted_empty_loses_no_run(stack):
+def test_a_broker_killed_and_restarted_empty_loses_no_run(stack, tmp_path):
     redis, client, processes = stack
     accepted: dict[str, int] = {}
     refused = []
@@ -165,6 +166,7 @@ def test_a_broker_killed_and_restarted_empty_loses_no_run(stack):
     # submits it refused were relayed from the outbox, which is now empty.
     assert AuditLog.objects.filter(event="work_resent", run_id__in=accepted.values()).exists()
     assert not Dispatch.objects.exists()
+    assert check_history(list(accepted.values()), export_dir=tmp_path) == []
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="a lock timeout of PostgreSQL's")

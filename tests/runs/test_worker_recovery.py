@@ -35,6 +35,7 @@ from runs.models import AuditLog, Event, EventType, Run, Step, StepRunStatus
 from runtime import attach, forkserver, layout, shim
 from runtime.models import HostCapacity, Reservation
 from tests.conftest import WorkerProcess, log_tails, purge_broker, stop_workers, wait_for_run, wait_until
+from tests.reliability.checker import check_history
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -237,3 +238,4 @@ def check_outcome(run_ids: list[int], handles: dict[int, str]) -> None:
     out = io.StringIO()
     call_command("execgo_reconcile", stdout=out)
     assert "all invariants hold" in out.getvalue()
+    assert check_history(run_ids) == []
