@@ -32,8 +32,8 @@ one head per tenant every audited transition of a tenant waited for the
 one before it to commit (``bench/bench_audit_chain.py`` measured a quarter
 of the throughput of a lane each with 8 writers). On PostgreSQL a
 transaction's first row takes the lowest lane no other transaction holds
-(``SKIP LOCKED``, so it never waits while one is free) and its later rows
-stay in that lane. A lone writer always writes lane 0. On SQLite, which
+(a transaction-level advisory lock, tried without waiting while one is
+free) and its later rows stay in that lane. A lone writer always writes lane 0. On SQLite, which
 has one writer at a time anyway, every caller row goes to lane 0. Each
 lane is verified like the one chain before: a row edited, removed,
 inserted or moved within its lane breaks it, and its head names its last

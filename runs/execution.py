@@ -246,7 +246,8 @@ def step_reattach(step_pk: int, attempt: int) -> Claim | None:
     # or take a free one; a full host does not delay ingesting the result.
     reserve_slot(step)
     result = reattach(step, cancel_requested=_cancel_poller(step.run_id),
-                      on_progress=lambda percent, message: record_progress(step.run_id, step, attempt, percent, message))
+                      on_progress=lambda percent, message: record_progress(step.run_id, step, attempt, percent,
+                                                                           message))
     audit(AuditEvent.STEP_REATTACHED, run_id=step.run_id, tenant_id=step.run.tenant_id, caller="recovery",
           data={"step": step.step_id, "attempt": attempt, "handle_id": step.handle_id,
                 "status": StepRunStatus.RUNNING if result is None else result["status"]})

@@ -3,11 +3,12 @@ docs/data-plane.md#steps-that-do-not-hold-a-worker): one per worker
 process, started once its pool runs.
 
 What the watcher reports becomes harness work here: an ended step is a
-task on this host's queue that records its result (``execution.
-step_watched_end``: fenced by the attempt, so a duplicate report is
-harmless), sent again while its attempt still shows running; a cancel is the run's ``cancel_requested_at`` or a run no
-longer EXECUTING, asked for every watched run in one query per tick; a
-progress line is written as the pool process would have.
+task on this host's queue that records its result
+(``execution.step_watched_end``: fenced by the attempt, so a duplicate
+report is harmless), sent again while its attempt still shows running; a
+cancel is the run's ``cancel_requested_at`` or a run no longer EXECUTING,
+asked for every watched run in one query per tick; a progress line is
+written as the pool process would have.
 """
 
 import logging

@@ -296,7 +296,7 @@ def test_the_watcher_kills_a_shim_that_overruns_its_backstop(in_process_watcher,
     assert "overran its timeout" in recorded["shim_error"]
 
 
-def test_no_watcher_means_the_pool_process_waits_itself(settings):
+def test_no_watcher_means_the_pool_process_waits_itself():
     # This process's parent runs no watcher: the hand-off is refused, so the caller waits on.
     assert watcher.hand_off("h-nobody", ref={"step": 1, "attempt": 1, "run": 1}, info=None) is False
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
