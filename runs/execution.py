@@ -267,7 +267,10 @@ def step_watched_end(step_pk: int, attempt: int) -> Claim | None:
     if result is None:  # the watcher always leaves one; waited for all the same rather than guessed
         return step_reattach(step_pk, attempt)
     if step.result == result:
-        return None  # a duplicate report: this result is recorded
+        # A duplicate report: this result is recorded. Its slot is given back again in case the
+        # first recording died between its commit and its release (a release is idempotent).
+        release_reservation(step.handle_id)
+        return None
     # Fenced: a result that comes after the sweeper or a cancel closed the
     # step is audited as stale, as a pool process's would be.
     return step_finish(step, attempt, result)

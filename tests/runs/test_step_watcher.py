@@ -85,7 +85,10 @@ def test_a_quick_run_gets_through_while_long_steps_run(api, worker):
             assert run.steps.get().run_status == StepRunStatus.CANCELLED
     except (AssertionError, pytest.fail.Exception) as exc:
         raise AssertionError(f"{exc}{log_tails(worker)}") from exc
-    assert not Reservation.objects.filter(handle_id__in=handles).exists()
+    # A slot is given back once its shim has ended and that end is recorded, which may come after
+    # the cancel closed the run.
+    wait_until(lambda: not Reservation.objects.filter(handle_id__in=handles).exists(), timeout=30,
+               what="the sleepers' slots given back")
     for handle in handles:  # the shims and their commands are gone
         info = json.loads((layout.task_dir(handle) / shim.SHIM_FILE).read_text())
         assert not psutil.pid_exists(info["pid"]) or psutil.Process(info["pid"]).status() == psutil.STATUS_ZOMBIE
@@ -113,7 +116,9 @@ def test_a_watched_step_reports_progress_output_and_its_result(api, worker):
     assert types == ["task_submitted", "task_accepted", "task_started", "task_progressed", "task_progressed",
                      "task_failed"]
     assert "runs.tasks.record_watched_step" in worker.log_path.read_text()
-    assert not Reservation.objects.filter(handle_id=step.handle_id).exists()
+    # given back just after the run closed, by the task that recorded the step's end
+    wait_until(lambda: not Reservation.objects.filter(handle_id=step.handle_id).exists(), timeout=30,
+               what="the step's slot given back")
 
 
 @pytest.mark.django_db(transaction=True)

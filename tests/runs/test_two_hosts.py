@@ -36,12 +36,12 @@ pytestmark = [pytest.mark.django_db(transaction=True),
 
 RUNS, STEPS, RUN_TIMEOUT_S = 8, 3, 25
 # Beat's scans every second: a run past its deadline is closed within about a second of it, and
-# a run whose next step's message died with host-b (prefetched, unacknowledged) is sent it again
-# after 3 s of standing still.
+# a run whose message died with host-b (prefetched or half done, unacknowledged: a step's, or a
+# stage's such as PLANNING's) is sent it again after 3 s of standing still.
 FAST = {"EXECGO_DEADLINE_SCAN_INTERVAL_S": "1", "EXECGO_SWEEP_INTERVAL_S": "1",
         "EXECGO_LEDGER_HEAL_INTERVAL_S": "1", "EXECGO_DISPATCH_RELAY_INTERVAL_S": "1",
-        **{f"EXECGO_ZOMBIE_{state}_S": "3" for state in ("CREATED", "PREPARING", "POLICY_CHECK", "TRACING",
-                                                          "TRANSIENT", "EXECUTING_IDLE")}}
+        **{f"EXECGO_ZOMBIE_{state}_S": "3" for state in ("CREATED", "PREPARING", "PLANNING", "POLICY_CHECK",
+                                                          "TRACING", "TRANSIENT", "EXECUTING_IDLE")}}
 
 
 class Beat:
