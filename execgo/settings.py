@@ -383,6 +383,11 @@ EXECGO_ZOMBIE_THRESHOLDS_S = {
 }
 # How many times the sweeper sends a stuck run's work again before it fails the run.
 EXECGO_SWEEP_RESENDS = env_int("EXECGO_SWEEP_RESENDS", 3)
+# A deliberately broken build, for the fault tests only (tests/reliability/): a
+# worker claims a step attempt without its fence, so a message delivered twice
+# runs the step twice. The history checker must catch it; a system check
+# refuses it anywhere else (runs/checks.py).
+EXECGO_TEST_SKIP_FENCING = env_bool("EXECGO_TEST_SKIP_FENCING", False)
 
 # --- Observability ----------------------------------------------------------
 

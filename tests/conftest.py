@@ -396,6 +396,7 @@ LONG_TESTS = (
     "tests/runs/test_worker_recovery.py::test_kill_9_of_the_worker_loses_no_step_and_leaves_none_running",
     "tests/runs/test_two_hosts.py::",
     "tests/reliability/test_faults.py::",
+    "tests/reliability/test_broken_fencing.py::",
     "tests/runs/test_memory.py::test_hundred_successes_write_hundred_memories_and_failures_none",
     "tests/runs/test_cancel_race.py::test_cancel_racing_the_natural_end_never_answers_202_for_a_run_that_ended",
     "tests/runs/test_race_cancel_timeout.py::test_cancel_and_timeout_race_has_exactly_one_winner",

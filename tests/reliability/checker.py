@@ -10,6 +10,10 @@ of every run the API accepted; an empty list means the history is sound.
 - no step attempt started twice or ended twice, and no step was started
   again after an attempt of it succeeded; no step of a final run is left
   accepted or running;
+- no step's side effect happened more often than the step was started
+  (``side_effects``: what a loopback recorder counted for each step the
+  workload gave one, tests/reliability/recorder.py), and a step that
+  succeeded had its side effect;
 - ``execgo_reconcile``'s invariants hold (one final audit event per final
   run, the jobs' projection, every audit chain unbroken);
 - each tenant's audit export verifies offline (``tools/verify_audit.py``,
@@ -32,12 +36,17 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 ENDED = (EventType.TASK_SUCCEEDED, EventType.TASK_FAILED, EventType.TASK_CANCELLED)
 
 
-def check_history(run_ids: list[int], *, grace_s: float = 15.0, export_dir: Path | None = None) -> list[str]:
-    """The violations found in the history of ``run_ids`` (empty: none)."""
+def check_history(run_ids: list[int], *, grace_s: float = 15.0, export_dir: Path | None = None,
+                  side_effects: dict[tuple[int, str], int] | None = None) -> list[str]:
+    """The violations found in the history of ``run_ids`` (empty: none).
+    ``side_effects``: (run id, step id) → how many times the recorder saw
+    that step's side effect, for every step of these runs that has one."""
     runs = Run.objects.in_bulk(run_ids)
     violations = [f"run {run_id} was accepted but does not exist" for run_id in run_ids if run_id not in runs]
     violations += _runs_ended_once(runs, grace_s)
     violations += _attempts_ran_once(list(runs))
+    if side_effects is not None:
+        violations += _effects_once_an_attempt(side_effects)
     violations += find_violations()
     if export_dir is not None:
         violations += _exports_verify({run.tenant_id for run in runs.values()}, export_dir)
@@ -95,6 +104,25 @@ def _attempts_ran_once(run_ids: list[int]) -> list[str]:
     for (run_id, step_id, attempt), count in sorted(ended.items(), key=str):
         if count > 1:
             violations.append(f"run {run_id} step {step_id} attempt {attempt} ended {count} times")
+    return violations
+
+
+def _effects_once_an_attempt(side_effects: dict[tuple[int, str], int]) -> list[str]:
+    started, succeeded = Counter(), set()
+    for run_id, step_id, kind in Event.objects.filter(
+            run_id__in={run_id for run_id, _step in side_effects},
+            type__in=[EventType.TASK_STARTED, EventType.TASK_SUCCEEDED]).values_list("run_id", "task_id", "type"):
+        if kind == EventType.TASK_STARTED:
+            started[run_id, step_id] += 1
+        else:
+            succeeded.add((run_id, step_id))
+    violations = []
+    for (run_id, step_id), count in sorted(side_effects.items()):
+        if count > started[run_id, step_id]:
+            violations.append(f"run {run_id} step {step_id}: its side effect happened {count} times in "
+                              f"{started[run_id, step_id]} started attempts")
+        if (run_id, step_id) in succeeded and count == 0:
+            violations.append(f"run {run_id} step {step_id} succeeded but its side effect never happened")
     return violations
 
 

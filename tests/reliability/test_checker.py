@@ -83,3 +83,12 @@ def test_reconcile_s_invariants_are_part_of_it(sound):
     Run.objects.filter(pk=sound[1]).update(state="CLOSED_FAILED")  # no run_failed audit row for it
     found = check_history(sound)
     assert f"run {sound[1]} is CLOSED_FAILED but has final audit events {{'run_succeeded': 1}}" in found
+
+
+def test_a_side_effect_that_happened_twice_or_never_is_found(sound):
+    first, second = (Step.objects.filter(run_id=run_id).order_by("position").first() for run_id in sound)
+    assert check_history(sound, side_effects={(sound[0], first.step_id): 1, (sound[1], second.step_id): 1}) == []
+    assert check_history(sound, side_effects={(sound[0], first.step_id): 2, (sound[1], second.step_id): 0}) == [
+        f"run {sound[0]} step {first.step_id}: its side effect happened 2 times in 1 started attempts",
+        f"run {sound[1]} step {second.step_id} succeeded but its side effect never happened",
+    ]
