@@ -63,3 +63,14 @@ def test_a_step_delivered_twice_runs_once_and_a_build_that_skips_fencing_is_caug
         assert run.state == "SUCCEEDED"
         assert effects[run_id, "effect"] == 1
         assert violations == []
+
+
+def test_the_switch_is_refused_outside_the_fault_tests(settings):
+    """``manage.py check`` and every management command fail while it is set."""
+    from django.core import checks
+
+    settings.EXECGO_TEST_SKIP_FENCING = True
+    errors = [message for message in checks.run_checks(tags=[checks.Tags.security]) if message.id == "execgo.E001"]
+    assert [error.level for error in errors] == [checks.ERROR]
+    settings.EXECGO_TEST_SKIP_FENCING = False
+    assert not [message for message in checks.run_checks(tags=[checks.Tags.security]) if message.id == "execgo.E001"]
