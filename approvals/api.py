@@ -1,7 +1,8 @@
 """Approvals in the REST API, for people (a session or a personal token):
-list, read, approve, reject. An agent's token gets 403 on every one of
-them; decisions go through ``approvals.services.approval_decide``, each
-naming the ``digest`` of the request as its approver read it."""
+list, read, approve, reject, and decide several at once. An agent's token
+gets 403 on every one of them; decisions go through
+``approvals.services.approval_decide``, each naming the ``digest`` of the
+request as its approver read it."""
 
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -11,6 +12,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from approvals.bulk import MAX_BULK, approval_decide_many
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, ApprovalStatus
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
@@ -113,3 +115,48 @@ class ApprovalRejectView(ApprovalDecideView):
         return super().post(request, request_id)
 
 
+
+
+class BulkPickSerializer(serializers.Serializer):
+    id = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+    digest = StringField(max_length=64, help_text="the action_digest of this request as read")
+
+
+class BulkDecisionSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    comment = StringField(max_length=2000, required=False, allow_blank=True, default="",
+                          help_text="one comment for every request; a reject needs one")
+    requests = BulkPickSerializer(many=True, allow_empty=False, max_length=MAX_BULK)
+
+
+class BulkResultSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="request_id")
+    decided = serializers.BooleanField()
+    status = serializers.CharField(allow_null=True, help_text="the request's status after this call")
+    approvals = serializers.IntegerField(allow_null=True)
+    approvals_required = serializers.IntegerField(allow_null=True)
+    error = serializers.DictField(allow_null=True, help_text="why it was not decided: the error envelope")
+
+
+class BulkResponseSerializer(serializers.Serializer):
+    results = BulkResultSerializer(many=True)
+
+
+class ApprovalBulkView(APIView):
+    """Approve or reject several requests with one comment. Each is decided
+    on its own, on the digest given for it: one refused (stale, already
+    decided, not yours to decide) is reported in ``results`` with its error
+    envelope and left as it is; the others are decided. 200 whatever each
+    outcome; 400 with nothing decided when the batch is malformed."""
+
+    permission_classes = [IsHumanApprover]
+
+    @extend_schema(request=BulkDecisionSerializer, responses=BulkResponseSerializer)
+    def post(self, request):
+        body = BulkDecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        outcomes = approval_decide_many(actor=request.user, approve=data["decision"] == "approve",
+                                        comment=data["comment"],
+                                        picks=[(pick["id"], pick["digest"]) for pick in data["requests"]])
+        return Response(BulkResponseSerializer({"results": outcomes}).data)

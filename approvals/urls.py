@@ -5,6 +5,7 @@ from approvals import views
 app_name = "approvals"
 urlpatterns = [
     path("", views.inbox, name="inbox"),
+    path("bulk", views.bulk_decide, name="bulk"),
     path("<int:request_id>/", views.detail, name="detail"),
     path("<int:request_id>/approve", views.decide, {"verdict": "approve"}, name="approve"),
     path("<int:request_id>/reject", views.decide, {"verdict": "reject"}, name="reject"),

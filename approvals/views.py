@@ -1,14 +1,17 @@
 """The approvers' pages: the inbox and one request. Reads are scoped to the
 approver's tenant (another tenant's request is a 404); decisions are POSTs
-with a CSRF token that call ``approvals.services.approval_decide``."""
+with a CSRF token that call ``approvals.services.approval_decide``, one
+request at a time or several from the inbox (``approvals.bulk``)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.bulk import approval_decide_many
 from approvals.models import APPROVERS_GROUP, ApprovalStatus
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
@@ -96,3 +99,39 @@ def decide(request, request_id: int, verdict: str):
     else:
         messages.success(request, f"Request {outcome.request.status}.")
     return redirect("approvals:detail", request_id=approval.pk)
+
+
+@login_required
+@require_POST
+def bulk_decide(request):
+    """The inbox's "Approve selected" / "Reject selected": each ``pick`` is
+    ``<request id>:<digest of its row>``. What was decided and each request
+    refused (with its reason) are reported on the inbox."""
+    _approver(request)
+    inbox_url = f"{reverse('approvals:inbox')}?status=pending"
+    verdict = request.POST.get("verdict")
+    if verdict not in ("approve", "reject"):
+        messages.error(request, "Choose Approve selected or Reject selected.")
+        return redirect(inbox_url)
+    picks = []
+    for value in request.POST.getlist("pick"):
+        request_id, _, digest = value.partition(":")
+        if request_id.isdecimal() and len(request_id) < 12:
+            picks.append((int(request_id), digest[:64]))
+    try:
+        outcomes = approval_decide_many(actor=request.user, approve=verdict == "approve",
+                                        comment=request.POST.get("comment", "")[:2000], picks=picks)
+    except ExecGoError as exc:
+        messages.error(request, exc.envelope["message"])
+        return redirect(inbox_url)
+    decided = [outcome for outcome in outcomes if outcome.decided]
+    if decided:
+        done = "Approved" if verdict == "approve" else "Rejected"
+        messages.success(request, f"{done} {len(decided)} request{'s' if len(decided) != 1 else ''}: " + ", ".join(
+            f"#{outcome.request_id}" + (f" ({outcome.approvals} of {outcome.approvals_required} approvals so far)"
+                                        if outcome.status == ApprovalStatus.PENDING else "")
+            for outcome in decided) + ".")
+    for outcome in outcomes:
+        if not outcome.decided:
+            messages.error(request, f"#{outcome.request_id} was not decided: {outcome.error['message']}.")
+    return redirect(inbox_url)

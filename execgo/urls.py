@@ -19,6 +19,7 @@ urlpatterns = [
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/approvals", approvals_api.ApprovalListView.as_view(), name="api-approvals"),
+    path("api/v1/approvals/bulk", approvals_api.ApprovalBulkView.as_view(), name="api-approvals-bulk"),
     path("api/v1/approvals/<int:request_id>", approvals_api.ApprovalDetailView.as_view(), name="api-approval"),
     path("api/v1/approvals/<int:request_id>/approve", approvals_api.ApprovalDecideView.as_view(),
          name="api-approval-approve"),

@@ -2,9 +2,9 @@
 
 One tail of the outbox per web process, whatever the deployment: the Event
 table is read from a cursor (its id), and each row is sent to the process's
-own groups (``run-<id>`` for every event, ``runs-<tenant>`` and, for a run
-entering or leaving AWAITING_HITL, ``approvals-<tenant>`` for state
-changes). The groups live on an in-process channel layer (the ``relay``
+own groups (``run-<id>`` for every event, ``runs-<tenant>`` for state
+changes, and ``approvals-<tenant>`` for a run entering or leaving
+AWAITING_HITL and for an edit of a pending request's plan). The groups live on an in-process channel layer (the ``relay``
 alias): every web process tails the table itself, so no event is sent twice
 through a shared layer, and a worker never needs to reach a web process.
 
@@ -76,6 +76,8 @@ def groups_for(row: dict) -> list[str]:
         groups.append(runs_group(row["run__tenant_id"]))
         if RunState.AWAITING_HITL in (row["data"].get("from"), row["data"].get("to")):
             groups.append(approvals_group(row["run__tenant_id"]))
+    elif row["type"] == EventType.APPROVAL_CHANGED and row["run__tenant_id"] is not None:
+        groups.append(approvals_group(row["run__tenant_id"]))  # the inbox shows what each request will run
     return groups
 
 

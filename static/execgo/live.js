@@ -117,9 +117,26 @@
   }
 
   // A page that names a partial to refresh on any of its events (the approvals inbox).
+  // While rows of it are selected for a bulk decision it is not refreshed: each
+  // selected row must keep the view (and the digest) its approver chose it on.
+  function heldBySelection() {
+    return document.querySelector(body.dataset.liveRefresh + " input[name=pick]:checked") !== null;
+  }
+
+  function noteHeld(held) {
+    var note = document.getElementById("inbox-changed");
+    if (note) note.hidden = !held;
+  }
+
   var refreshTarget = debounce(function () {
+    if (heldBySelection()) { live.refreshHeld = true; noteHeld(true); return; }
     htmx.ajax("GET", body.dataset.liveRefreshUrl, { target: body.dataset.liveRefresh, swap: "outerHTML" });
   }, 150);
+
+  // Called by the inbox when its selection changes: a refresh held back happens once nothing is selected.
+  live.releaseRefresh = function () {
+    if (live.refreshHeld && !heldBySelection()) { live.refreshHeld = false; noteHeld(false); refreshTarget(); }
+  };
 
   var reloadOverview = debounce(function () {
     fetch(location.href, { credentials: "same-origin" }).then(function (r) { return r.text(); }).then(function (html) {

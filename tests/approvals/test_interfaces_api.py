@@ -232,6 +232,7 @@ def test_the_openapi_schema_documents_the_approvals_paths(alice):
                   for method in operations if method in ("get", "post", "put", "patch", "delete")}
     assert documented == {
         ("/api/v1/approvals", "get"),
+        ("/api/v1/approvals/bulk", "post"),
         ("/api/v1/approvals/{request_id}", "get"),
         ("/api/v1/approvals/{request_id}/approve", "post"),
         ("/api/v1/approvals/{request_id}/reject", "post"),

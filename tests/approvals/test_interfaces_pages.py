@@ -75,7 +75,7 @@ def decide_forms(html: str, approval: ApprovalRequest) -> dict[str, dict]:
 
 
 def inbox_row(html: str, approval: ApprovalRequest) -> str:
-    match = re.search(rf'<tr id="approval-{approval.pk}" data-status="(\w+)">(.*?)</tr>', html, re.S)
+    match = re.search(rf'<tr id="approval-{approval.pk}" data-status="(\w+)"[^>]*>(.*?)</tr>', html, re.S)
     assert match, f"request {approval.pk} not listed"
     return match.group(0)
 

@@ -191,3 +191,44 @@ def open_for_run(run: Run, *, approvals_required: int) -> ApprovalRequest:
     ApprovalRequest.objects.filter(pk=approval.pk).update(approvals_required=approvals_required)
     approval.refresh_from_db()
     return approval
+
+
+def test_a_bulk_approve_decides_the_rows_as_shown_and_reports_the_one_that_changed(page, seeded_policy,
+                                                                                    echo_pip_install_is_high,
+                                                                                    approver, agent, tenant):
+    """alice selects three requests in the inbox; bob then edits one (two
+    approvers needed there). The inbox does not refresh under her selection
+    (it says there is news); her "Approve selected" decides the two others
+    and reports the edited one, which stays pending."""
+    runs = [make_plain_run(tenant, agent) for _ in range(3)]
+    first, edited, third = (open_for_run(run, approvals_required=2 if index == 1 else 1)
+                            for index, run in enumerate(runs))
+    log_in(page, "alice", PASSWORD)
+    page.goto("/approvals/")
+    page.wait_for_function("window.execgoLive && window.execgoLive.state === 'live'")
+    expect(page.locator(f"#approval-{edited.pk} .what-runs .action-line")).to_have_text("s0: echo pip install all")
+    page.get_by_label("Select every request shown").check()
+    expect(page.locator("#bulk-count")).to_have_text("3 selected")
+    screenshot(page, "approvals-bulk-selected")
+
+    bob = make_user("bob", tenant, groups=("approvers",))
+    answer = token_client(bob).post(f"/api/v1/approvals/{edited.pk}/approve", {
+        "digest": edited.action_digest, "edits": {"s0": {"argv": ["echo", "pip", "install", "one"]}}}, format="json")
+    assert answer.status_code == 200, answer.content
+    expect(page.locator("#inbox-changed")).to_be_visible(timeout=15_000)  # told, not refreshed
+    expect(page.locator(f"#approval-{edited.pk} .what-runs .action-line")).to_have_text("s0: echo pip install all")
+
+    page.get_by_label("Comment (a reject needs one)").fill("all three look fine")
+    page.get_by_role("button", name="Approve selected").click()
+    expect(page.locator(".messages")).to_contain_text(f"Approved 2 requests: #{third.pk}, #{first.pk}.")  # in the inbox's order
+    expect(page.locator(".messages")).to_contain_text(
+        f"#{edited.pk} was not decided: the plan changed since you opened it: reload.")
+    screenshot(page, "approvals-bulk-reported")
+    assert [ApprovalRequest.objects.get(pk=a.pk).status for a in (first, edited, third)] == \
+        ["approved", "pending", "approved"]
+    assert list(ApprovalRequest.objects.get(pk=edited.pk).decisions.values_list("decider__username", flat=True)) \
+        == ["bob"]
+    assert AuditLog.objects.filter(event="approval_stale_view", run_id=edited.run_id, actor=approver).count() == 1
+    # The inbox now shows the one left, as it is now.
+    expect(page.locator(f"#approval-{first.pk}")).to_have_count(0)
+    expect(page.locator(f"#approval-{edited.pk} .what-runs .action-line")).to_have_text("s0: echo pip install one")
