@@ -91,7 +91,7 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
         elif action_digest(steps := list(Step.objects.filter(run_id=locked.run_id).order_by("position")),
                            locked.policy_version) != locked.action_digest:
             voided = "the plan changed since the approval was requested"
-        elif current_policy_version() != locked.policy_version:
+        elif current_policy_version(locked.tenant_id) != locked.policy_version:
             voided = "the policy changed since the approval was requested"
         elif not approve and not comment.strip():
             needs_reason = True  # refused below, with nothing written: not a decision at all

@@ -131,7 +131,7 @@ class _Rating:
 def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision:
     """Rate ``run``'s steps (its stored ones, or ``steps``: a plan an
     approver edited, rated before it replaces the stored one)."""
-    version, rules = policy_snapshot()
+    version, rules = policy_snapshot(run.tenant_id)
     steps = list(run.steps.order_by("position")) if steps is None else steps
     compiled, broken = _compile(rules)
     rating = _Rating(compiled=compiled, allowed=allowed_hosts())

@@ -16,7 +16,9 @@ class RiskLevel(models.TextChoices):
 class PolicyRule(models.Model):
     """Matches a tool call to a risk. Changed only through
     ``policy.rules.policy_rule_save`` / ``policy_rule_delete``, which bump the
-    policy version in the same transaction."""
+    policy version in the same transaction. A rule of a tenant rates that
+    tenant's runs only; a global one (no tenant: the operator's) every
+    tenant's (docs/policy.md#per-tenant-rules)."""
 
     class Field(models.TextChoices):
         ARGV = "argv"  # the shell command line, argv joined by spaces
@@ -30,7 +32,9 @@ class PolicyRule(models.Model):
         PATH = "path"
         OP = "op"
 
-    name = models.CharField(max_length=100, unique=True)
+    tenant = models.ForeignKey("runs.Tenant", null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="policy_rules", help_text="empty: a global rule, for every tenant")
+    name = models.CharField(max_length=100)
     tool = models.CharField(max_length=20, help_text="shell, http, file, or * for any tool")
     field = models.CharField(max_length=10, choices=Field.choices)
     pattern = models.CharField(max_length=500, help_text=(
@@ -48,14 +52,24 @@ class PolicyRule(models.Model):
     class Meta:
         db_table = "runs_policyrule"
         ordering = ["priority", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["name"], condition=models.Q(tenant__isnull=True),
+                                    name="policy_rule_global_name_unique"),
+            models.UniqueConstraint(fields=["tenant", "name"], name="policy_rule_tenant_name_unique"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.outcome})"
 
 
 class PolicyVersion(models.Model):
-    """A single row: the current policy version, bumped on every rule change."""
+    """The policy version: row 1 (no tenant) is the global rules' version;
+    a tenant whose own rules changed has a row of its own. A tenant's
+    version is its row's, else row 1's; a global change moves every row, a
+    tenant's change its row only (``policy.rules``)."""
 
+    tenant = models.OneToOneField("runs.Tenant", null=True, blank=True, on_delete=models.CASCADE,
+                                  related_name="policy_version")
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -63,4 +77,4 @@ class PolicyVersion(models.Model):
         db_table = "runs_policyversion"
 
     def __str__(self) -> str:
-        return f"policy v{self.version}"
+        return f"policy v{self.version}" + (f" of tenant {self.tenant_id}" if self.tenant_id else "")

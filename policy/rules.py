@@ -1,11 +1,16 @@
 """Rule changes: a rule is validated when saved, and every change moves the
-policy version in its own transaction (docs/policy.md, "Policy version")."""
+policy version in its own transaction (docs/policy.md, "Policy version").
+
+Versions are per tenant (docs/policy.md#per-tenant-rules): a change of a
+global rule moves every tenant's version, a change of a tenant's rule moves
+that tenant's only, so it voids only that tenant's pending approvals.
+"""
 
 import re
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from policy.models import PolicyRule, PolicyVersion
@@ -21,8 +26,17 @@ FIELDS_OF_TOOL = {
 MAX_SNAPSHOT_ATTEMPTS = 5
 
 
-def current_policy_version() -> int:
-    return PolicyVersion.objects.get_or_create(pk=1)[0].version
+GLOBAL_VERSION = 1  # the pk of the global rules' version row
+
+
+def current_policy_version(tenant_id: int | None = None) -> int:
+    """The version of the policy that rates ``tenant_id``'s runs (the
+    global rules and its own); of the global rules alone for None."""
+    if tenant_id is not None:
+        version = PolicyVersion.objects.filter(tenant_id=tenant_id).values_list("version", flat=True).first()
+        if version is not None:
+            return version
+    return PolicyVersion.objects.get_or_create(pk=GLOBAL_VERSION)[0].version
 
 
 def validate_rule_pattern(pattern: str) -> re.Pattern:
@@ -60,16 +74,36 @@ def policy_rule_validate(rule: PolicyRule) -> None:
         raise ValidationError(errors)
 
 
-def _bump_policy_version() -> None:
-    PolicyVersion.objects.get_or_create(pk=1)
-    PolicyVersion.objects.filter(pk=1).update(version=F("version") + 1, updated_at=timezone.now())
+def _validate_name_free(rule: PolicyRule) -> None:
+    """Names are unique among the global rules and within a tenant (the
+    table's constraints back this up)."""
+    same = PolicyRule.objects.filter(name=rule.name, tenant_id=rule.tenant_id).exclude(pk=rule.pk)
+    if same.exists():
+        where = "among the global rules" if rule.tenant_id is None else "in this tenant"
+        raise ValidationError({"name": [f"a rule of this name exists already {where}"]}, code="unique")
+
+
+def _bump_policy_version(tenant_id: int | None) -> None:
+    """In the caller's transaction. The global row is locked first by every
+    change, so a tenant's row is created from the global version as it is
+    (never one a concurrent global change is moving) and versions never
+    move back."""
+    PolicyVersion.objects.get_or_create(pk=GLOBAL_VERSION)
+    global_row = PolicyVersion.objects.select_for_update().get(pk=GLOBAL_VERSION)
+    now = timezone.now()
+    if tenant_id is None:
+        PolicyVersion.objects.update(version=F("version") + 1, updated_at=now)  # every tenant's moves too
+        return
+    row, _created = PolicyVersion.objects.get_or_create(tenant_id=tenant_id, defaults={"version": global_row.version})
+    PolicyVersion.objects.filter(pk=row.pk).update(version=F("version") + 1, updated_at=now)
 
 
 def policy_rule_save(rule: PolicyRule) -> PolicyRule:
     """Create or change a rule; the policy version moves with it or not at all.
     Raises ValidationError (keyed by field) for a rule that cannot work."""
     errors: dict[str, list] = {}
-    for check in (rule.full_clean, lambda: policy_rule_validate(rule)):
+    for check in (lambda: rule.full_clean(validate_constraints=False), lambda: policy_rule_validate(rule),
+                  lambda: _validate_name_free(rule)):
         try:
             check()
         except ValidationError as exc:
@@ -77,27 +111,33 @@ def policy_rule_save(rule: PolicyRule) -> PolicyRule:
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():
+        if rule.pk is not None:  # a rule moved from one tenant (or global) to another changes both policies
+            before = PolicyRule.objects.filter(pk=rule.pk).values_list("tenant_id", flat=True).first()
+            if before != rule.tenant_id:
+                _bump_policy_version(before)
         rule.save()
-        _bump_policy_version()
+        _bump_policy_version(rule.tenant_id)
     return rule
 
 
 def policy_rule_delete(rule: PolicyRule) -> None:
     with transaction.atomic():
         rule.delete()
-        _bump_policy_version()
+        _bump_policy_version(rule.tenant_id)
 
 
-def policy_snapshot() -> tuple[int, list[PolicyRule]]:
-    """The enabled rules and the version they belong to.
+def policy_snapshot(tenant_id: int | None = None) -> tuple[int, list[PolicyRule]]:
+    """The enabled rules that rate ``tenant_id``'s runs (the global ones and
+    its own) and the version they belong to.
 
     Every rule change bumps the version in its own transaction, so a version
     read before and after the rules that did not move proves the rules are
     that version's (read committed gives each query its own snapshot).
     """
     for _attempt in range(MAX_SNAPSHOT_ATTEMPTS):
-        version = current_policy_version()
-        rules = list(PolicyRule.objects.filter(enabled=True).order_by("priority", "id"))
-        if current_policy_version() == version:
+        version = current_policy_version(tenant_id)
+        rules = list(PolicyRule.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id), enabled=True)
+                     .order_by("priority", "id"))
+        if current_policy_version(tenant_id) == version:
             return version, rules
     raise RuntimeError(f"policy rules changed during {MAX_SNAPSHOT_ATTEMPTS} reads in a row")

@@ -48,7 +48,7 @@ def test_current_policy_version_creates_the_row_lazily():
     ({"tool": "shel"}, "tool", "tool must be one of shell, http, file or *, not 'shel'"),
     ({"field": "url"}, "field", "shell steps have no 'url' field (they have argv, command, script, words)"),
     ({"outcome": "critical"}, "outcome", "Value 'critical' is not a valid choice."),
-    ({"name": "shell-sudo"}, "name", "Policy rule with this Name already exists."),
+    ({"name": "shell-sudo"}, "name", "a rule of this name exists already among the global rules"),
 ])
 def test_an_invalid_rule_is_refused_and_the_version_stays(seeded_policy, changes, field, message):
     before = current_policy_version()

@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, Decision
+from policy.models import PolicyRule
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin
 from runs.models import (
     ApiToken,
@@ -82,6 +83,8 @@ def populate(name: str) -> Tenant:
         policy_version=1, action_digest="0" * 64, expires_at=timezone.now() + timedelta(hours=1),
     )
     Decision.objects.create(request=request, decider=approver, decision="approve", comment=f"{name} secret")
+    PolicyRule.objects.create(tenant=tenant, name=f"{name}-rule", tool="shell", field="command",
+                              pattern=f"{name} secret", outcome="high", reason=f"{name} secret rule")
     return tenant
 
 
@@ -318,7 +321,7 @@ def test_history_of_alpha_objects_stays_hidden(staff_client, operator, alpha, br
 
 def test_superuser_only_models_are_closed_to_tenant_staff(staff_client, alpha, bravo):
     closed = [model for model, model_admin in registered() if isinstance(model_admin, SuperuserOnlyAdmin)]
-    assert {model._meta.label for model in closed} >= {"auth.Group", "policy.PolicyRule", "runtime.HostCapacity",
+    assert {model._meta.label for model in closed} >= {"auth.Group", "policy.PolicyVersion", "runtime.HostCapacity",
                                                        "django_celery_beat.PeriodicTask", "axes.AccessAttempt"}
     group = Group.objects.get(name="agents")
     for model in closed:
