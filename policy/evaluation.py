@@ -128,10 +128,13 @@ class _Rating:
     egress_denied: list[dict] = field(default_factory=list)
 
 
-def evaluate_policy(run: Run, steps: list[Step] | None = None) -> PolicyDecision:
+def evaluate_policy(run: Run, steps: list[Step] | None = None, *,
+                    snapshot: tuple[int, list[PolicyRule]] | None = None) -> PolicyDecision:
     """Rate ``run``'s steps (its stored ones, or ``steps``: a plan an
-    approver edited, rated before it replaces the stored one)."""
-    version, rules = policy_snapshot(run.tenant_id)
+    approver edited, rated before it replaces the stored one). ``snapshot``:
+    the (version, rules) to rate with, rather than the tenant's current
+    policy (``policy.replay``'s what-if)."""
+    version, rules = snapshot if snapshot is not None else policy_snapshot(run.tenant_id)
     steps = list(run.steps.order_by("position")) if steps is None else steps
     compiled, broken = _compile(rules)
     rating = _Rating(compiled=compiled, allowed=allowed_hosts())

@@ -131,6 +131,59 @@ class PlanEvaluateSerializer(StrictSerializer):
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=7 * 24 * 3600)
 
 
+class ReplayRuleSerializer(StrictSerializer):
+    """A rule as it would be saved: with ``id``, a change of that rule (the
+    fields given replace its own); without, a new rule."""
+
+    id = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    name = serializers.CharField(required=False, max_length=100)
+    tool = serializers.CharField(required=False, max_length=20)
+    field = serializers.CharField(required=False, max_length=10)
+    pattern = serializers.CharField(required=False, max_length=500)
+    negate = serializers.BooleanField(required=False)
+    outcome = serializers.ChoiceField(required=False, choices=["low", "medium", "high", "deny"])
+    reason = serializers.CharField(required=False, max_length=300)
+    enabled = serializers.BooleanField(required=False)
+    priority = serializers.IntegerField(required=False, min_value=-(2**31), max_value=2**31 - 1)
+    approvals_required = serializers.IntegerField(required=False, min_value=1, max_value=32767)
+
+
+class PolicyReplayRequestSerializer(StrictSerializer):
+    """One rule change: ``rule`` (added or changed) or ``delete`` (a rule's id)."""
+
+    rule = ReplayRuleSerializer(required=False)
+    delete = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    tenant = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1, allow_null=True,
+                                      help_text="the superuser's: whose runs (default: every tenant's)")
+    limit = serializers.IntegerField(required=False, default=500, min_value=1, max_value=5000,
+                                     help_text="the last N runs replayed (default 500)")
+
+    def validate(self, data):
+        if ("rule" in data) == ("delete" in data):
+            raise serializers.ValidationError({"rule": ["give one change: a rule, or the id of one to delete"]})
+        return data
+
+
+class ReplayFlipSerializer(serializers.Serializer):
+    run_id = serializers.IntegerField()
+    step_id = serializers.CharField(allow_null=True)
+    before = serializers.CharField()
+    after = serializers.CharField()
+    reasons = serializers.ListField(child=serializers.CharField())
+    run_url = serializers.CharField()
+
+
+class PolicyReplaySerializer(serializers.Serializer):
+    tenant = serializers.IntegerField(allow_null=True)
+    runs = serializers.IntegerField(help_text="runs replayed")
+    steps = serializers.IntegerField(help_text="steps of those runs")
+    elapsed_ms = serializers.FloatField()
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text='steps flipped each way, '
+                                                                                 'e.g. {"low → high": 3}')
+    flips = ReplayFlipSerializer(many=True, help_text="every step whose risk would change")
+    runs_changed = ReplayFlipSerializer(many=True, help_text="every run whose overall risk would change")
+
+
 class PolicyEvaluationSerializer(serializers.Serializer):
     risk = serializers.ChoiceField(choices=["low", "medium", "high", "deny"])
     needs_human = serializers.BooleanField()

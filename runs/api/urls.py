@@ -10,6 +10,7 @@ urlpatterns = [
     path("runs/<int:run_id>/steps/<str:step_id>/logs/<str:stream>", views.StepLogView.as_view(), name="step-log"),
     path("runs/<int:run_id>/events", views.RunEventsView.as_view(), name="run-events"),
     path("policy/evaluate", views.PolicyEvaluateView.as_view(), name="policy-evaluate"),
+    path("policy/replay", views.PolicyReplayView.as_view(), name="policy-replay"),
     path("memories", views.MemoryListView.as_view(), name="memory-list"),
     path("jobs/<int:job_id>", views.JobDetailView.as_view(), name="job-detail"),
 ]

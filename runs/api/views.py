@@ -3,15 +3,18 @@
 import time
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from policy.interface import policy_dry_run
+from policy.interface import RuleChange, policy_dry_run, policy_replay, rule_from
+from policy.models import PolicyRule
 from runs.api.schema import ErrorSerializer
 from runs.api.serializers import (
     EventPageSerializer,
@@ -19,12 +22,14 @@ from runs.api.serializers import (
     MemorySerializer,
     PlanEvaluateSerializer,
     PolicyEvaluationSerializer,
+    PolicyReplayRequestSerializer,
+    PolicyReplaySerializer,
     RunCreateSerializer,
     RunSerializer,
     RunSummarySerializer,
 )
 from runs.dataplane import step_log_path
-from runs.models import Run
+from runs.models import Run, Tenant
 from runs.plan_schema import find_unstorable
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
@@ -189,6 +194,64 @@ class PolicyEvaluateView(APIView):
             "matched_rules": decision.data["matched_rules"], "budget": decision.data["budget"],
             "error": decision.error,
         })
+
+
+class PolicyReplayView(APIView):
+    """What-if replay of one rule change over the stored plans of the last
+    ``limit`` runs (docs/policy.md#what-if-replay): which steps' and runs'
+    risks would change. Nothing is saved and nothing runs. Staff only: a
+    tenant's staff replay their own rules over their tenant's runs; the
+    superuser any rule, over one tenant's runs or every tenant's."""
+
+    @extend_schema(request=PolicyReplayRequestSerializer, responses=PolicyReplaySerializer)
+    def post(self, request):
+        user = request.user
+        if not user.is_staff or user.groups.filter(name="agents").exists():
+            raise PermissionDenied("a what-if replay is for staff")
+        body = PolicyReplayRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        tenant_id = self._tenant_id(user, data)
+        visible = PolicyRule.objects.all() if user.is_superuser else PolicyRule.objects.filter(tenant_id=tenant_id)
+        try:
+            if "delete" in data:
+                before = visible.filter(pk=data["delete"]).first()
+                if before is None:
+                    raise NotFound(f"no policy rule {data['delete']}")
+                change = RuleChange(before=before, after=None)
+            else:
+                values = dict(data["rule"])
+                rule_id = values.pop("id", None)
+                before = visible.filter(pk=rule_id).first() if rule_id is not None else None
+                if rule_id is not None and before is None:
+                    raise NotFound(f"no policy rule {rule_id}")
+                change = RuleChange(before=before, after=rule_from(values, base=before, tenant_id=tenant_id))
+            report = policy_replay(change, tenant_id=tenant_id, limit=data["limit"])
+        except DjangoValidationError as exc:
+            raise ValidationError({"rule": exc.messages if not hasattr(exc, "error_dict") else exc.message_dict})
+        return Response(PolicyReplaySerializer({
+            "tenant": tenant_id, "runs": report.runs, "steps": report.steps, "elapsed_ms": report.elapsed_ms,
+            "counts": report.counts(), "flips": [_flip_row(item) for item in report.flips],
+            "runs_changed": [_flip_row(item) for item in report.run_flips]}).data)
+
+    @staticmethod
+    def _tenant_id(user, data) -> int | None:
+        if user.is_superuser:
+            tenant_id = data.get("tenant")
+            if tenant_id is not None and not Tenant.objects.filter(pk=tenant_id).exists():
+                raise NotFound(f"no tenant {tenant_id}")
+            return tenant_id
+        tenant = tenant_of(user)
+        if tenant is None:
+            raise PermissionDenied("this account belongs to no tenant")
+        if data.get("tenant") not in (None, tenant.pk):
+            raise PermissionDenied("staff replay over their own tenant's runs only")
+        return tenant.pk
+
+
+def _flip_row(flip) -> dict:
+    return {"run_id": flip.run_id, "step_id": flip.step_id, "before": flip.before, "after": flip.after,
+            "reasons": list(flip.reasons), "run_url": reverse("pages:run-detail", args=[flip.run_id])}
 
 
 class JobDetailView(APIView):
