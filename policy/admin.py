@@ -5,12 +5,18 @@ change and delete their tenant's own rules (a new one lands in their
 tenant); the global rules, which rate every tenant's runs, are the
 superuser's. Rule changes are audited."""
 
+import copy
+
 from django import forms
 from django.contrib import admin
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.http import HttpResponseNotAllowed
+from django.template.response import TemplateResponse
+from django.urls import path
 
 from policy.models import PolicyRule, PolicyVersion
+from policy.replay import DEFAULT_RUNS, RuleChange, policy_replay
 from policy.rules import (
     ANY_TOOL,
     policy_rule_delete,
@@ -100,6 +106,45 @@ class PolicyRuleAdmin(TenantScopedAdmin, AuditedAdminMixin, admin.ModelAdmin):
         if not change and not is_operator(request):
             obj.tenant_id = staff_tenant_id(request)
         policy_rule_save(obj)
+
+    change_form_template = "admin/policy/policyrule/change_form.html"
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return super().changeform_view(request, object_id, form_url,
+                                       {**(extra_context or {}), "replay_runs": DEFAULT_RUNS})
+
+    def get_urls(self):
+        preview = self.admin_site.admin_view(self.preview_view)
+        return [path("preview/", preview, name="policy_policyrule_preview_new"),
+                path("<path:object_id>/preview/", preview, name="policy_policyrule_preview"),
+                *super().get_urls()]
+
+    def preview_view(self, request, object_id=None):
+        """The form's "preview": the rule as it stands in the form, replayed
+        over stored plans (``policy.replay``); nothing is saved. A tenant's
+        staff replay over their tenant's runs, the superuser over the rule's
+        tenant's, or every tenant's for a global rule."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        original = self.get_object(request, object_id) if object_id is not None else None  # 404 out of scope
+        allowed = self.has_change_permission(request, original) if original else self.has_add_permission(request)
+        if not allowed:
+            raise PermissionDenied
+        form = self.get_form(request, original, change=original is not None)(
+            request.POST, instance=copy.deepcopy(original) if original else None)
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "original": original,
+                   "title": "What this change would do"}
+        if not form.is_valid():
+            return TemplateResponse(request, "admin/policy/policyrule/preview.html",
+                                    {**context, "errors": form.errors})
+        after = form.save(commit=False)
+        if original is None and not is_operator(request):
+            after.tenant_id = staff_tenant_id(request)
+        scope = after.tenant_id if is_operator(request) else staff_tenant_id(request)
+        report = policy_replay(RuleChange(before=original, after=after), tenant_id=scope)
+        return TemplateResponse(request, "admin/policy/policyrule/preview.html", {
+            **context, "report": report, "rule_name": after.name,
+            "scope": after.tenant if scope is not None else None})
 
     def delete_model(self, request, obj):
         policy_rule_delete(obj)

@@ -4,7 +4,8 @@ under both policies; nothing is saved by the replay itself; other tenants'
 runs are untouched; and the API is staff's, scoped like the admin."""
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
 
 from policy.interface import RuleChange, current_policy_version, evaluate_policy, policy_replay, rule_from
 from policy.models import PolicyRule
@@ -165,3 +166,36 @@ def test_a_run_that_never_reached_planning_is_rated_from_its_stored_plan(seeded_
     report = policy_replay(RuleChange(before=None, after=curl_rule(tenant)), tenant_id=tenant.pk)
     assert (report.runs, report.steps) == (1, 1)
     assert reported(report) == {(run_id, "fetch", "medium", "high"), (run_id, None, "medium", "high")}
+
+
+def admin_rule_form(**values) -> dict:
+    return {"name": "curl", "tool": "shell", "field": "words", "pattern": r"^curl\b", "negate": "",
+            "outcome": "high", "reason": "fetches from the web", "enabled": "on", "priority": "5", **values}
+
+
+def test_the_admin_form_previews_a_change_over_its_tenant_s_runs_and_saves_nothing(
+        seeded_policy, client, tenant, other_tenant, agent, staff):
+    staff.user_permissions.set(Permission.objects.filter(content_type__app_label="policy"))
+    run_ids = history(tenant, agent, 7)
+    theirs = policy_rule_save(curl_rule(other_tenant))
+    client.force_login(staff)
+    version = current_policy_version(tenant.pk)
+
+    form = client.get(reverse("admin:policy_policyrule_add"))
+    assert 'id="replay-preview"' in form.content.decode()
+    response = client.post(reverse("admin:policy_policyrule_preview_new"), admin_rule_form())
+    assert response.status_code == 200
+    report = response.context["report"]
+    assert report.runs == 7 and report.flips and {flip.run_id for flip in report.flips} <= set(run_ids)
+    page = response.content.decode()
+    assert f'href="/runs/{report.flips[0].run_id}/"' in page
+    assert any(f"{count} step{'s' if count > 1 else ''} {change}" in page for change, count in report.counts().items())
+    assert current_policy_version(tenant.pk) == version and not PolicyRule.objects.filter(name="curl").exists()
+
+    invalid = client.post(reverse("admin:policy_policyrule_preview_new"), admin_rule_form(pattern="(unclosed"))
+    assert invalid.status_code == 200 and "not a valid regular expression" in invalid.content.decode()
+    assert "report" not in invalid.context
+    assert client.post(reverse("admin:policy_policyrule_preview", args=[theirs.pk]),
+                       admin_rule_form()).status_code == 404
+    assert client.get(reverse("admin:policy_policyrule_preview_new")).status_code == 405
+    assert PolicyRule.objects.filter(tenant=tenant).count() == 0
