@@ -38,11 +38,19 @@ class ParsedShell:
     # its program from it, if one does
     stdin: str | None = None
     stdin_program: str = ""
+    # texts() as last built, and the (commands, pipelines) counts it was built at
+    _texts: tuple[tuple[int, int], list[str]] | None = field(default=None, repr=False, compare=False)
 
     def texts(self) -> list[str]:
         """What a rule on the ``words`` field searches: each simple command,
-        and each pipeline as its command names joined by `` | ``."""
-        return [command.text() for command in self.commands] + [" | ".join(names) for names in self.pipelines]
+        and each pipeline as its command names joined by `` | ``. Built once
+        for every rule that reads it: the parser only ever appends (simple
+        commands are immutable), so the counts tell when it is out of date."""
+        at = (len(self.commands), len(self.pipelines))
+        if self._texts is None or self._texts[0] != at:
+            self._texts = at, ([command.text() for command in self.commands]
+                               + [" | ".join(names) for names in self.pipelines])
+        return self._texts[1]
 
     def signal(self, kind: str, detail: str) -> None:
         if (kind, detail) not in self.signals:
