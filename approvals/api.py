@@ -5,6 +5,7 @@ gets 403 on every one of them; decisions go through
 request as its approver read it."""
 
 from django.urls import reverse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
@@ -13,7 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.bulk import MAX_BULK, approval_decide_many
-from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, ApprovalStatus
+from approvals.grants import grant_revoke, grants_for_user
+from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, ApprovalStatus, StandingGrant
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
 from runs.api.serializers import StringField
@@ -61,6 +63,10 @@ class CommentSerializer(serializers.Serializer):
 class ApproveSerializer(CommentSerializer):
     edits = serializers.DictField(child=serializers.DictField(), required=False,
                                   help_text="approve with edits: {step id: {argv | script | url: new value}}")
+    grant_hours = serializers.IntegerField(
+        required=False, min_value=1, max_value=24 * 365,
+        help_text="approve, and allow the same high-risk actions of this agent again without asking for this "
+                  "many hours (a standing grant; capped by the tenant; one approver's requests only)")
 
 
 def _request_or_404(request, request_id: int) -> ApprovalRequest:
@@ -102,7 +108,8 @@ class ApprovalDecideView(APIView):
         body.is_valid(raise_exception=True)
         outcome = approval_decide(request=approval, actor=request.user, approve=self.approve,
                                   digest=body.validated_data["digest"], comment=body.validated_data["comment"].strip(),
-                                  edits=body.validated_data.get("edits") or None)
+                                  edits=body.validated_data.get("edits") or None,
+                                  grant_hours=body.validated_data.get("grant_hours"))
         return Response(ApprovalRequestSerializer(outcome.request).data)
 
 
@@ -160,3 +167,42 @@ class ApprovalBulkView(APIView):
                                         comment=data["comment"],
                                         picks=[(pick["id"], pick["digest"]) for pick in data["requests"]])
         return Response(BulkResponseSerializer({"results": outcomes}).data)
+
+
+class StandingGrantSerializer(serializers.ModelSerializer):
+    agent = serializers.CharField(source="agent.username")
+    granted_by = serializers.CharField(source="granted_by.username")
+    revoked_by = serializers.CharField(source="revoked_by.username", allow_null=True, default=None)
+    request = serializers.IntegerField(source="request_id")
+    live = serializers.SerializerMethodField()
+
+    class Meta:
+        model = StandingGrant
+        fields = ["id", "agent", "action", "digest", "request", "granted_by", "granted_at", "expires_at", "live",
+                  "revoked_at", "revoked_by", "uses", "last_used_at"]
+
+    def get_live(self, grant: StandingGrant) -> bool:
+        return grant.live_at(timezone.now())
+
+
+class StandingGrantListView(APIView):
+    """The standing grants of the caller's tenant, newest first (live and ended)."""
+
+    permission_classes = [IsHumanApprover]
+
+    @extend_schema(responses=StandingGrantSerializer(many=True))
+    def get(self, request):
+        return Response(StandingGrantSerializer(grants_for_user(request.user)[:200], many=True).data)
+
+
+class StandingGrantRevokeView(APIView):
+    """End a standing grant now: runs rated from now on wait for a person again."""
+
+    permission_classes = [IsHumanApprover]
+
+    @extend_schema(request=None, responses=StandingGrantSerializer)
+    def post(self, request, grant_id: int):
+        grant = grants_for_user(request.user).filter(pk=grant_id).first()
+        if grant is None:
+            raise NotFound(f"no standing grant {grant_id}")
+        return Response(StandingGrantSerializer(grant_revoke(grant, request.user)).data)

@@ -1,16 +1,28 @@
-"""What the kernel (``runs``) may ask of approvals, and nothing more: open a
-run's request as it enters AWAITING_HITL, and end a pending one when the run
-leaves AWAITING_HITL another way (a cancel, the sweeper). Both work in the
-caller's transaction; a request's status changes through
-``approvals.lifecycle`` only."""
+"""What the kernel (``runs``) may ask of approvals, and nothing more: the
+standing grants that let a high-risk run go on without waiting
+(``covering_grants``), open a run's request as it enters AWAITING_HITL, and
+end a pending one when the run leaves AWAITING_HITL another way (a cancel,
+the sweeper). All work in the caller's transaction; a request's status
+changes through ``approvals.lifecycle`` only."""
 
 from datetime import timedelta
 
+from django.db.models import F
+from django.utils import timezone
+
 from approvals.lifecycle import ApprovalStatus, request_finish
-from approvals.models import ApprovalRequest, action_digest, plan_version, quorum_of, rated_steps
+from approvals.models import (
+    ApprovalRequest,
+    StandingGrant,
+    action_digest,
+    grant_digest,
+    plan_version,
+    quorum_of,
+    rated_steps,
+)
 from runs.models import Run, Step
 
-__all__ = ["ApprovalStatus", "close_pending", "open_request"]
+__all__ = ["ApprovalStatus", "close_pending", "covering_grants", "open_request"]
 
 
 def open_request(run: Run, decision: dict, *, now) -> ApprovalRequest:
@@ -36,3 +48,27 @@ def close_pending(run_id: int, status: str, *, reason: str, now) -> list[Approva
     for request in closed:
         request_finish(request, status, now=now, reason=reason)
     return closed
+
+
+def covering_grants(run: Run, decision: dict) -> list[dict] | None:
+    """The live grants that cover every high-risk step of ``run`` rated by
+    ``decision`` (one per step, the one that lasts longest), counted as
+    used; None when one step has none or the plan needs more than one
+    approver. In the caller's transaction."""
+    high = [row["id"] for row in decision["steps"] if row["risk"] == "high"]
+    if not high or quorum_of(decision) > 1:
+        return None
+    now = timezone.now()
+    live = StandingGrant.objects.live(now).filter(tenant_id=run.tenant_id, agent_id=run.submitted_by_id)
+    steps = {step.step_id: step for step in Step.objects.filter(run_id=run.pk, step_id__in=high)}
+    cited = []
+    for step_id in high:
+        grant = live.filter(digest=grant_digest(steps[step_id])).order_by("-expires_at").select_related(
+            "granted_by").first()
+        if grant is None:
+            return None
+        cited.append({"step": step_id, "grant": grant.pk, "granted_by": grant.granted_by.get_username(),
+                      "request": grant.request_id, "expires_at": grant.expires_at.isoformat()})
+    StandingGrant.objects.filter(pk__in={entry["grant"] for entry in cited}).update(uses=F("uses") + 1,
+                                                                                  last_used_at=now)
+    return cited

@@ -271,3 +271,52 @@ class Decision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.decision} by {self.decider_id} on request {self.request_id}"
+
+
+def grant_digest(step: Step) -> str:
+    """What a standing grant is bound to: one step's normalised action but
+    its place in a plan (its id and what it depends on) — the same tool, the
+    exact arguments, texts, headers and bodies, the same sandbox and rated
+    plan, the same limits."""
+    action = normalised_action(step)
+    action.pop("id")
+    action.pop("depends_on")
+    return _digest_of(action)
+
+
+class StandingGrantQuerySet(models.QuerySet):
+    def live(self, now):
+        return self.filter(revoked_at__isnull=True, expires_at__gt=now)
+
+
+class StandingGrant(models.Model):
+    """"Approve, and allow this same action for this agent for N hours"
+    (docs/approvals.md#standing-grants): a later run of ``agent`` whose
+    high-risk step has this ``digest`` (``grant_digest``) does not wait for
+    a person for that step while the grant is live."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="standing_grants")
+    agent = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    digest = models.CharField(max_length=64)
+    action = models.JSONField(help_text="the normalised action, as the approver read it")
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="grants")
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    granted_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="+")
+    uses = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = StandingGrantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["tenant", "agent", "digest"], name="standing_grant_lookup")]
+
+    def __str__(self) -> str:
+        return f"standing grant {self.pk} to {self.agent_id} until {self.expires_at:%Y-%m-%d %H:%M}"
+
+    def live_at(self, now) -> bool:
+        return self.revoked_at is None and self.expires_at > now

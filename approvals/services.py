@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.edits import apply_edit, edited_steps, rate_edit
+from approvals.grants import grant_refusal, grants_create
 from approvals.lifecycle import ApprovalStatus, request_finish
 from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, Decision, DecisionKind, action_digest
 from policy.interface import current_policy_version
@@ -62,17 +63,22 @@ REASON_NEEDED = "A rejection needs a reason."
 
 
 def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: str, comment: str = "",
-                    edits: dict[str, dict] | None = None) -> Outcome:
+                    edits: dict[str, dict] | None = None, grant_hours: int | None = None) -> Outcome:
     """``digest``: the action digest of the view the decision was made on (a
     page's hidden field, the API's ``digest``); one that is no longer the
     request's is refused as ``stale_view``, audited, and nothing recorded.
     ``edits`` ({step id: {param: value}}): approve with edits (see
     approvals/edits.py); allowed with the first decision only, since other
-    approvers approved the plan as it stands."""
+    approvers approved the plan as it stands. ``grant_hours``: approve, and allow
+    the same high-risk actions of the same agent again without asking for
+    that many hours (``approvals.grants``)."""
     decision = DecisionKind.APPROVE if approve else DecisionKind.REJECT
     reason = may_decide(actor, request)
     if reason is not None:
         raise DeniedError(ErrorCode.DENIED, reason, source="approval", details={"request": request.pk})
+    if grant_hours is not None and (refusal := grant_refusal(request, grant_hours, approve=approve, edits=edits)):
+        raise ExecGoError(ErrorCode.INVALID_INPUT, refusal, source="approval",
+                          details={"request": request.pk, "fields": {"grant_hours": [refusal]}})
 
     refused = voided = stale = None
     needs_reason, approvals = False, 0
@@ -108,6 +114,8 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
                   caller="hitl controller", from_state=S.AWAITING_HITL, data={"request": locked.pk, "reason": voided})
         elif not refused and not needs_reason:
             approvals = _record(locked, actor, decision, comment, now, edits=edits)
+            if grant_hours is not None and locked.status == ApprovalStatus.APPROVED:
+                grants_create(locked, actor, grant_hours, now=now)
     if needs_reason:
         raise ExecGoError(ErrorCode.INVALID_INPUT, REASON_NEEDED, source="approval",
                           details={"request": locked.pk, "fields": {"comment": [REASON_NEEDED]}})

@@ -9,9 +9,11 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.bulk import approval_decide_many
+from approvals.grants import grant_revoke, grants_for_user
 from approvals.models import APPROVERS_GROUP, ApprovalStatus
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
@@ -47,7 +49,10 @@ def detail(request, request_id: int):
         raise Http404("no such approval request")
     editable = any("argv" in step["action"] or "script" in step["action"] or step["action"].get("tool") == "http"
                    for step in approval.steps)
+    cap = approval.tenant.standing_grant_max_hours if approval.approvals_required == 1 else 0
+    grant_choices = sorted({hours for hours in (1, 2, 4, 8, 24) if hours <= cap} | ({cap} if cap else set()))
     return render(request, "approvals/detail.html", {"approval": approval, "run": approval.run, "editable": editable,
+                                                     "grant_choices": grant_choices,
                                                      "decisions": list(approval.decisions.select_related("decider")),
                                                      "live_after": latest_event_id(), "nav": "approvals"})
 
@@ -83,13 +88,16 @@ def decide(request, request_id: int, verdict: str):
         raise Http404("no such approval request")
     comment = request.POST.get("comment", "").strip()[:2000]
     edits = _edits_from(request.POST, approval) if verdict == "approve-edited" else None
+    hours = request.POST.get("grant_hours", "")
+    grant_hours = int(hours) if verdict == "approve" and hours.isdecimal() and len(hours) < 6 else None
     if verdict == "approve-edited" and not edits:
         messages.error(request, "Nothing was edited: use Approve.")
         return redirect("approvals:detail", request_id=approval.pk)
     try:
         # The digest of the page the approver decided on (its hidden field).
         outcome = approval_decide(request=approval, actor=request.user, approve=verdict != "reject",
-                                  digest=request.POST.get("digest", ""), comment=comment, edits=edits)
+                                  digest=request.POST.get("digest", ""), comment=comment, edits=edits,
+                                  grant_hours=grant_hours)
     except ExecGoError as exc:
         messages.error(request, exc.envelope["message"])
         return redirect("approvals:detail", request_id=approval.pk)
@@ -97,7 +105,9 @@ def decide(request, request_id: int, verdict: str):
         messages.success(request, f"Approved: {outcome.approvals} of {outcome.request.approvals_required} "
                                   "approvals so far.")
     else:
-        messages.success(request, f"Request {outcome.request.status}.")
+        messages.success(request, f"Request {outcome.request.status}." + (
+            f" The same action{'s' if len(approval.high_risk_steps) > 1 else ''} of this agent will not wait for "
+            f"a person for {grant_hours} hour{'s' if grant_hours > 1 else ''}." if grant_hours else ""))
     return redirect("approvals:detail", request_id=approval.pk)
 
 
@@ -135,3 +145,31 @@ def bulk_decide(request):
         if not outcome.decided:
             messages.error(request, f"#{outcome.request_id} was not decided: {outcome.error['message']}.")
     return redirect(inbox_url)
+
+
+@login_required
+@require_GET
+def grants(request):
+    """The tenant's standing grants: the live ones first, then those ended."""
+    _approver(request)
+    rows = list(grants_for_user(request.user)[:200])
+    now = timezone.now()
+    return render(request, "approvals/grants.html", {
+        "live": [grant for grant in rows if grant.live_at(now)],
+        "ended": [grant for grant in rows if not grant.live_at(now)], "nav": "approvals"})
+
+
+@login_required
+@require_POST
+def revoke_grant(request, grant_id: int):
+    _approver(request)
+    grant = grants_for_user(request.user).filter(pk=grant_id).first()
+    if grant is None:
+        raise Http404("no such standing grant")
+    try:
+        grant_revoke(grant, request.user)
+    except ExecGoError as exc:
+        messages.error(request, exc.envelope["message"])
+    else:
+        messages.success(request, f"Grant #{grant.pk} revoked: runs rated from now on wait for a person again.")
+    return redirect("approvals:grants")

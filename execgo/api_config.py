@@ -53,5 +53,6 @@ def api_schema() -> dict[str, Any]:
             "RunStateEnum": "runs.statemachine.RunState",
             "ClosingCauseEnum": "runs.statemachine.ClosingCause",
             "ErrorCodeEnum": "runs.errors.ErrorCode",
+            "RiskEnum": ["low", "medium", "high", "deny"],  # a step's or a run's risk, and a rule's outcome
         },
     }

@@ -105,11 +105,20 @@ def _check_policy(run: Run) -> None:
                        message=decision.error["message"] if decision.error else "rejected by policy")
     elif decision.risk == "high":
         with transaction.atomic():
+            bind_rated_plans(run.pk, decision.data)  # before the request (its digest binds them) or a grant's match
+            granted = approvals.covering_grants(run, decision.data)
+            if granted is not None:  # every high-risk step allowed again by an approver: no wait
+                decision.data["standing_grants"] = granted
+                trace = TraceRecord(TraceKind.POLICY_DECISION, decision.data, error=decision.error)
             # Persisted before waiting: execution resumes from it after approval.
             Run.objects.filter(pk=run.pk).update(context={**run.context, "policy": decision.data})
-            bind_rated_plans(run.pk, decision.data)  # before the request: its digest binds them
-            run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
-            _request_approval(run, decision.data)
+            if granted is not None:
+                run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+                audit(AuditEvent.GRANT_APPLIED, run_id=run.pk, tenant_id=run.tenant_id, caller="hitl controller",
+                      from_state=S.POLICY_CHECK, to_state=S.EXECUTING, data={"grants": granted})
+            else:
+                run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
+                _request_approval(run, decision.data)
     else:
         with transaction.atomic():
             bind_rated_plans(run.pk, decision.data)

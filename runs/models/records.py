@@ -89,6 +89,9 @@ class AuditEvent(models.TextChoices):
     ADMIN_CHANGED = "admin_changed"  # a policy rule, user, group or membership changed: before/after in data
     TOKEN_CREATED = "token_created"  # an API token was issued (its key is never recorded)
     TOKEN_REVOKED = "token_revoked"  # an API token was revoked or deleted
+    GRANT_CREATED = "grant_created"  # an approver allowed the same action again for some hours
+    GRANT_APPLIED = "grant_applied"  # a run's high-risk steps ran on standing grants, without waiting
+    GRANT_REVOKED = "grant_revoked"
 
 
 # The one audit event of a run's final transition

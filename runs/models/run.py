@@ -35,6 +35,10 @@ class Tenant(models.Model):
     # The HMAC key of this tenant's webhooks (runs.webhooks); shown to its
     # staff and rotated in the admin, never in a form, a list or a log.
     webhook_secret = models.CharField(max_length=64, default=new_webhook_secret, editable=False)
+    # The longest an approver may allow an action again without asking
+    # (approvals' standing grants); 0: no standing grants in this tenant.
+    standing_grant_max_hours = models.PositiveSmallIntegerField(
+        default=8, help_text="the longest standing grant an approver of this tenant may give, in hours (0: none)")
 
     def __str__(self) -> str:
         return self.name

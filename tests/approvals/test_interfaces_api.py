@@ -233,6 +233,8 @@ def test_the_openapi_schema_documents_the_approvals_paths(alice):
     assert documented == {
         ("/api/v1/approvals", "get"),
         ("/api/v1/approvals/bulk", "post"),
+        ("/api/v1/approvals/grants", "get"),
+        ("/api/v1/approvals/grants/{grant_id}/revoke", "post"),
         ("/api/v1/approvals/{request_id}", "get"),
         ("/api/v1/approvals/{request_id}/approve", "post"),
         ("/api/v1/approvals/{request_id}/reject", "post"),

@@ -232,3 +232,36 @@ def test_a_bulk_approve_decides_the_rows_as_shown_and_reports_the_one_that_chang
     # The inbox now shows the one left, as it is now.
     expect(page.locator(f"#approval-{first.pk}")).to_have_count(0)
     expect(page.locator(f"#approval-{edited.pk} .what-runs .action-line")).to_have_text("s0: echo pip install one")
+
+
+def test_approve_and_allow_for_an_hour_then_the_same_run_goes_on_alone_until_the_grant_is_revoked(
+        page, celery_worker, seeded_policy, approver, agent):
+    log_in(page, "alice", PASSWORD)
+    first = submit_high_risk(agent)
+    approval = pending_request(first)
+    page.goto(f"/approvals/{approval.pk}/")
+    page.get_by_label("Also allow the same high-risk action of agent again, without asking").select_option("1")
+    screenshot(page, "approval-with-grant")
+    page.get_by_role("button", name="Approve", exact=True).click()
+    expect(page.locator(".messages")).to_contain_text("will not wait for a person for 1 hour")
+    assert wait_for_run(first, timeout=60).state == "SUCCEEDED"
+
+    second = submit_high_risk(agent)  # the same action: no request, it just runs
+    assert wait_for_run(second, timeout=60).state == "SUCCEEDED"
+    assert not ApprovalRequest.objects.filter(run_id=second).exists()
+    assert AuditLog.objects.filter(event="grant_applied", run_id=second).exists()
+    page.goto(f"/runs/{second}/")
+    expect(page.locator("#approval-title + *")).to_contain_text("allowed again by standing grant #")
+    expect(page.locator("#approval-title + *")).to_contain_text("of alice")
+
+    page.goto("/approvals/grants/")
+    row = page.locator("#grants-live tbody tr").first
+    expect(row).to_contain_text(HIGH_RISK_SCRIPT)
+    expect(row).to_contain_text("1 run")
+    screenshot(page, "standing-grants")
+    row.get_by_role("button", name="Revoke").click()
+    expect(page.locator(".messages")).to_contain_text("revoked")
+    expect(page.locator("#grants-live")).to_contain_text("No live grant.")
+
+    third = submit_high_risk(agent)
+    assert pending_request(third).status == "pending"  # waits for a person again

@@ -1,0 +1,24 @@
+"""Standing grants: an approver allows the same action of the same agent again for some hours
+(docs/approvals.md#standing-grants); the tenant caps how long, and their audit events."""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('runs', '0020_policy_moves_to_its_app'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='tenant',
+            name='standing_grant_max_hours',
+            field=models.PositiveSmallIntegerField(default=8, help_text='the longest standing grant an approver of this tenant may give, in hours (0: none)'),
+        ),
+        migrations.AlterField(
+            model_name='auditlog',
+            name='event',
+            field=models.CharField(choices=[('run_created', 'Run Created'), ('state_changed', 'State Changed'), ('run_succeeded', 'Run Succeeded'), ('run_rejected', 'Run Rejected'), ('run_failed', 'Run Failed'), ('run_cancelled', 'Run Cancelled'), ('invalid_transition', 'Invalid Transition'), ('transition_lost', 'Transition Lost'), ('cancel_requested', 'Cancel Requested'), ('cancel_refused', 'Cancel Refused'), ('cancel_superseded', 'Cancel Superseded'), ('approval_approved', 'Approval Approved'), ('approval_rejected', 'Approval Rejected'), ('approval_refused', 'Approval Refused'), ('zombie_detected', 'Zombie Detected'), ('zombie_recovered', 'Zombie Recovered'), ('step_reattached', 'Step Reattached'), ('stale_result_ignored', 'Stale Result Ignored'), ('artifacts_purged', 'Artifacts Purged'), ('approval_requested', 'Approval Requested'), ('approval_voided', 'Approval Voided'), ('hitl_timeout', 'Hitl Timeout'), ('reservation_reclaimed', 'Reservation Reclaimed'), ('deadline_enforced', 'Deadline Enforced'), ('approval_stale_view', 'Approval Stale View'), ('work_resent', 'Work Resent'), ('admin_changed', 'Admin Changed'), ('token_created', 'Token Created'), ('token_revoked', 'Token Revoked'), ('grant_created', 'Grant Created'), ('grant_applied', 'Grant Applied'), ('grant_revoked', 'Grant Revoked')], max_length=40),
+        ),
+    ]
