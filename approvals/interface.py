@@ -20,9 +20,10 @@ from approvals.models import (
     quorum_of,
     rated_steps,
 )
+from approvals.notify import notify_request
 from runs.models import Run, Step
 
-__all__ = ["ApprovalStatus", "close_pending", "covering_grants", "open_request"]
+__all__ = ["ApprovalStatus", "close_pending", "covering_grants", "notify_approvers", "open_request"]
 
 
 def open_request(run: Run, decision: dict, *, now) -> ApprovalRequest:
@@ -39,6 +40,12 @@ def open_request(run: Run, decision: dict, *, now) -> ApprovalRequest:
         versions=[plan_version("proposed", digest, rows, risk=decision["risk"], approvals_required=required,
                                at=now)],
     )
+
+
+def notify_approvers(request: ApprovalRequest) -> None:
+    """Tell the approvers of a request just opened (e-mail, chat; each with
+    a one-time decision link), in the caller's transaction, sent after it."""
+    notify_request(request, "requested")
 
 
 def close_pending(run_id: int, status: str, *, reason: str, now) -> list[ApprovalRequest]:

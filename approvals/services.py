@@ -20,7 +20,16 @@ from django.utils import timezone
 from approvals.edits import apply_edit, edited_steps, rate_edit
 from approvals.grants import grant_refusal, grants_create
 from approvals.lifecycle import ApprovalStatus, request_finish
-from approvals.models import AGENTS_GROUP, APPROVERS_GROUP, ApprovalRequest, Decision, DecisionKind, action_digest
+from approvals.models import (
+    AGENTS_GROUP,
+    APPROVERS_GROUP,
+    ApprovalRequest,
+    Decision,
+    DecisionKind,
+    NotificationKind,
+    action_digest,
+)
+from approvals.notify import notify_request, told_of
 from policy.interface import current_policy_version
 from runs.audit import audit
 from runs.closing import run_close
@@ -125,6 +134,9 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
         _close(locked, actor, S.REJECTED, {"decision": "void", "request": locked.pk})
         raise ConflictError(ErrorCode.INVALID_INPUT, f"approval voided: {voided}", source="approval",
                             details={"request": locked.pk, "status": ApprovalStatus.VOIDED})
+    if locked.status != ApprovalStatus.PENDING:  # decided: those told of the request are told of the outcome
+        with transaction.atomic():
+            notify_request(locked, NotificationKind.DECIDED, recipients=told_of(locked))
     _take_effect(locked, actor)  # recorded and committed: only now does the decision take effect
     count_approval_decision(locked)
     return Outcome(request=locked, approvals=approvals)
@@ -199,6 +211,7 @@ def approval_expire(request_id: int, *, now=None) -> bool:
         if request is None or request.status != ApprovalStatus.PENDING or now < request.expires_at:
             return False
         request_finish(request, ApprovalStatus.EXPIRED, now=now, reason="expired with no decision")
+        notify_request(request, NotificationKind.EXPIRED, recipients=told_of(request))
         audit(AuditEvent.HITL_TIMEOUT, run_id=request.run_id, tenant_id=request.tenant_id,
               caller="hitl controller", from_state=S.AWAITING_HITL,
               data={"request": request.pk, "expires_at": request.expires_at.isoformat()})

@@ -3,18 +3,24 @@ approver's tenant (another tenant's request is a 404); decisions are POSTs
 with a CSRF token that call ``approvals.services.approval_decide``, one
 request at a time or several from the inbox (``approvals.bulk``)."""
 
+from urllib.parse import urlsplit
+
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from approvals.bulk import approval_decide_many
 from approvals.grants import grant_revoke, grants_for_user
-from approvals.models import APPROVERS_GROUP, ApprovalStatus
+from approvals.links import SOMEONE_ELSES, audit_refused, link_decide, link_refusal
+from approvals.models import APPROVERS_GROUP, ApprovalStatus, Notification, NotificationSettings
+from approvals.notify import chat_host_allowed, link_of
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
 from runs.errors import ExecGoError
@@ -173,3 +179,72 @@ def revoke_grant(request, grant_id: int):
     else:
         messages.success(request, f"Grant #{grant.pk} revoked: runs rated from now on wait for a person again.")
     return redirect("approvals:grants")
+
+
+@require_http_methods(["GET", "POST"])
+def decision_link(request, token: str):
+    """A one-time decision link (``approvals.links``). Opening it decides
+    nothing; not signed in, it asks to sign in first (mail scanners and
+    chat unfurlers fetch links: they see a login page)."""
+    link = link_of(token)
+    if link is None:
+        return render(request, "approvals/link.html", {"refused": "This link is not valid."}, status=404)
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if request.method == "GET":
+        refused = link_refusal(link, request.user)
+        if refused is not None:
+            audit_refused(link, request.user, refused, method="GET")
+            return render(request, "approvals/link.html", {"refused": refused[0].upper() + refused[1:] + "."},
+                          status=403 if refused == SOMEONE_ELSES else 410)
+        return render(request, "approvals/link.html", {"link": link, "approval": link.request,
+                                                       "run": link.request.run, "nav": "approvals"})
+    verdict = request.POST.get("verdict")
+    if verdict not in ("approve", "reject"):
+        messages.error(request, "Choose Approve or Reject.")
+        return redirect(request.path)
+    try:
+        outcome = link_decide(link, request.user, approve=verdict == "approve",
+                              comment=request.POST.get("comment", "")[:2000])
+    except ExecGoError as exc:
+        if exc.envelope["details"].get("fields"):  # a reject without a reason: the link is still good
+            messages.error(request, exc.envelope["message"])
+            return redirect(request.path)
+        return render(request, "approvals/link.html", {"refused": exc.envelope["message"][0].upper()
+                                                       + exc.envelope["message"][1:] + "."},
+                      status=exc.http_status)
+    messages.success(request, f"Request {outcome.request.status}.")
+    return redirect("approvals:detail", request_id=outcome.request.pk)
+
+
+class NotificationSettingsForm(forms.ModelForm):
+    chat_url = forms.URLField(required=False, max_length=500, assume_scheme="https",
+                              label="Chat incoming-webhook URL")
+
+    class Meta:
+        model = NotificationSettings
+        fields = ("email", "chat_url", "chat_format")
+        labels = {"email": "E-mail me", "chat_url": "Chat incoming-webhook URL", "chat_format": "Chat format"}
+
+    def clean_chat_url(self) -> str:
+        url = self.cleaned_data["chat_url"].strip()
+        if url and not chat_host_allowed((urlsplit(url).hostname or "").lower()):
+            raise forms.ValidationError("This host is not one of the chat webhook hosts the operator allows "
+                                        "(EXECGO_CHAT_WEBHOOK_HOSTS).")
+        return url
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def notification_settings(request):
+    """Each approver chooses their channels; the messages they were sent are listed."""
+    _approver(request)
+    prefs = NotificationSettings.objects.filter(user=request.user).first() or NotificationSettings(user=request.user)
+    form = NotificationSettingsForm(request.POST or None, instance=prefs)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Notification settings saved.")
+        return redirect("approvals:settings")
+    sent = Notification.objects.filter(recipient=request.user).select_related("request")[:50]
+    return render(request, "approvals/settings.html", {"form": form, "sent": sent, "nav": "approvals",
+                                                       "has_email": bool(request.user.email)})

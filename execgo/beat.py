@@ -8,7 +8,7 @@ from typing import Any
 
 
 def beat_schedule(*, sweep_s: float, gc_s: float, deadline_scan_s: float, dispatch_relay_s: float,
-                  ledger_heal_s: float) -> dict[str, dict[str, Any]]:
+                  ledger_heal_s: float, notify_relay_s: float = 60.0) -> dict[str, dict[str, Any]]:
     """The periodic tasks beat sends (intervals in seconds). /readyz reads
     the sweeper's entry to tell that beat runs."""
     return {
@@ -35,5 +35,10 @@ def beat_schedule(*, sweep_s: float, gc_s: float, deadline_scan_s: float, dispat
         "heal-ledgers": {
             "task": "runs.tasks.heal_ledgers",
             "schedule": ledger_heal_s,
+        },
+        # Sends again the approvers' notifications whose message was lost.
+        "relay-notifications": {
+            "task": "approvals.tasks.relay_notifications",
+            "schedule": notify_relay_s,
         },
     }

@@ -208,6 +208,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     deadline_scan_s=EXECGO_DEADLINE_SCAN_INTERVAL_S,
     dispatch_relay_s=env_float("EXECGO_DISPATCH_RELAY_INTERVAL_S", 1.0),
     ledger_heal_s=EXECGO_LEDGER_HEAL_INTERVAL_S,
+    notify_relay_s=float(env_int("EXECGO_NOTIFY_RELAY_INTERVAL_S", 60)),
 )
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
@@ -383,6 +384,29 @@ EXECGO_ZOMBIE_THRESHOLDS_S = {
 }
 # How many times the sweeper sends a stuck run's work again before it fails the run.
 EXECGO_SWEEP_RESENDS = env_int("EXECGO_SWEEP_RESENDS", 3)
+# --- Approvers' notifications (docs/approvals.md#notifications) -------------
+# Where ExecGo's pages are, for the links in messages.
+EXECGO_PUBLIC_URL = env_str("EXECGO_PUBLIC_URL", "http://127.0.0.1:8000")
+# E-mail: Django's mail framework. The console backend prints messages (make
+# run); production sets the SMTP backend and its server.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "ExecGo <execgo@localhost>")
+# Chat: the hosts an approver's incoming-webhook URL may name (".example.com"
+# also allows its subdomains).
+EXECGO_CHAT_WEBHOOK_HOSTS = env_list("EXECGO_CHAT_WEBHOOK_HOSTS", ["hooks.slack.com", ".webhook.office.com"])
+EXECGO_NOTIFY_MAX_ATTEMPTS = env_int("EXECGO_NOTIFY_MAX_ATTEMPTS", 5)
+EXECGO_NOTIFY_RETRY_BASE_S = env_float("EXECGO_NOTIFY_RETRY_BASE_S", 2.0)
+EXECGO_NOTIFY_TIMEOUT_S = env_float("EXECGO_NOTIFY_TIMEOUT_S", 10.0)
+# A notification still pending this long after it was made is sent again (beat).
+EXECGO_NOTIFY_RELAY_AFTER_S = env_int("EXECGO_NOTIFY_RELAY_AFTER_S", 300)  # (beat: EXECGO_NOTIFY_RELAY_INTERVAL_S, 60)
+
 # A deliberately broken build, for the fault tests only (tests/reliability/): a
 # worker claims a step attempt without its fence, so a message delivered twice
 # runs the step twice. The history checker must catch it; a system check

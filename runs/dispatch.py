@@ -46,6 +46,7 @@ WATCHED_END = "runs.tasks.record_watched_step"
 HEAL_HOST = "runs.tasks.heal_host"
 SWEEP_RUN = "runs.tasks.sweep_stuck_run"
 EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
+SEND_NOTIFICATION = "approvals.tasks.send_notification"
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,12 @@ def enqueue_settle(run_id: int, *, countdown: float | None = None, expires: floa
 def enqueue_approval_expiry(request_id: int, *, eta) -> None:
     """The expiry of an approval request, at the minute it is due."""
     _send(EXPIRE_APPROVAL, (request_id,), eta=eta)
+
+
+def enqueue_notification(notification_id: int, *, countdown: float | None = None) -> None:
+    """Send one approvers' notification (its row is its own outbox: the
+    notification relay sends a row whose message was lost)."""
+    _send(SEND_NOTIFICATION, (notification_id,), countdown=countdown)
 
 
 def enqueue_reattach(step: Step, host: str) -> None:

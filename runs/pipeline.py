@@ -136,6 +136,7 @@ def _request_approval(run: Run, decision: dict) -> None:
                                           "expires_at": approval.expires_at.isoformat()})
     enqueue_approval_expiry(approval.pk, eta=approval.expires_at)
     approval.notify_requested()
+    approvals.notify_approvers(approval)
     if run.callback_url and "awaiting_human" in run.callback_events and webhook_configured(run.callback_url):
         webhook_notify("run.awaiting_human", {**run_callback_payload(run), "state": S.AWAITING_HITL,
                                               "approval": {"page": f"/approvals/{approval.pk}/",

@@ -92,6 +92,8 @@ class AuditEvent(models.TextChoices):
     GRANT_CREATED = "grant_created"  # an approver allowed the same action again for some hours
     GRANT_APPLIED = "grant_applied"  # a run's high-risk steps ran on standing grants, without waiting
     GRANT_REVOKED = "grant_revoked"
+    DECISION_LINK_USED = "decision_link_used"  # a one-time link decided its request
+    DECISION_LINK_REFUSED = "decision_link_refused"  # a link opened or posted by the wrong person, used, expired, …
 
 
 # The one audit event of a run's final transition
