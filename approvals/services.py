@@ -57,8 +57,9 @@ def may_decide(user, request: ApprovalRequest) -> str | None:
     groups = set(user.groups.values_list("name", flat=True))
     if AGENTS_GROUP in groups:
         return "an agent identity never decides an approval"
-    if APPROVERS_GROUP not in groups:
-        return "only members of the approvers group decide approvals"
+    escalated_to = request.escalated_at is not None and request.tenant.approval_escalation_group in groups
+    if APPROVERS_GROUP not in groups and not escalated_to:
+        return "only members of the approvers group (or, once it escalated, of its escalation group) decide it"
     tenant = tenant_of(user)
     if tenant is None or tenant.pk != request.tenant_id:
         return "this request belongs to another tenant"

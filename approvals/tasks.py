@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus, Notification
 from approvals.notify import SendFailed, notification_send, pending_notifications, retry_delay
+from approvals.reminders import remind_and_escalate
 from approvals.services import approval_expire
 
 
@@ -40,3 +41,9 @@ def relay_notifications() -> int:
     for notification_id in rows:
         send_notification.delay(notification_id)
     return len(rows)
+
+
+@shared_task(ignore_result=True)
+def send_reminders() -> dict:
+    """Beat: the reminders and escalations due (approvals.reminders)."""
+    return remind_and_escalate()

@@ -8,7 +8,8 @@ from typing import Any
 
 
 def beat_schedule(*, sweep_s: float, gc_s: float, deadline_scan_s: float, dispatch_relay_s: float,
-                  ledger_heal_s: float, notify_relay_s: float = 60.0) -> dict[str, dict[str, Any]]:
+                  ledger_heal_s: float, notify_relay_s: float = 60.0,
+                  reminder_scan_s: float = 5.0) -> dict[str, dict[str, Any]]:
     """The periodic tasks beat sends (intervals in seconds). /readyz reads
     the sweeper's entry to tell that beat runs."""
     return {
@@ -40,5 +41,10 @@ def beat_schedule(*, sweep_s: float, gc_s: float, deadline_scan_s: float, dispat
         "relay-notifications": {
             "task": "approvals.tasks.relay_notifications",
             "schedule": notify_relay_s,
+        },
+        # Reminds approvers of pending requests, and escalates them, when due.
+        "send-approval-reminders": {
+            "task": "approvals.tasks.send_reminders",
+            "schedule": reminder_scan_s,
         },
     }

@@ -209,6 +209,7 @@ CELERY_BEAT_SCHEDULE = beat_schedule(
     dispatch_relay_s=env_float("EXECGO_DISPATCH_RELAY_INTERVAL_S", 1.0),
     ledger_heal_s=EXECGO_LEDGER_HEAL_INTERVAL_S,
     notify_relay_s=float(env_int("EXECGO_NOTIFY_RELAY_INTERVAL_S", 60)),
+    reminder_scan_s=env_float("EXECGO_REMINDER_SCAN_INTERVAL_S", 5.0),
 )
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 

@@ -397,6 +397,7 @@ LONG_TESTS = (
     "tests/runs/test_two_hosts.py::",
     "tests/reliability/test_faults.py::",
     "tests/reliability/test_broken_fencing.py::",
+    "tests/approvals/test_reminders_timing.py::",
     "tests/runs/test_memory.py::test_hundred_successes_write_hundred_memories_and_failures_none",
     "tests/runs/test_cancel_race.py::test_cancel_racing_the_natural_end_never_answers_202_for_a_run_that_ended",
     "tests/runs/test_race_cancel_timeout.py::test_cancel_and_timeout_race_has_exactly_one_winner",

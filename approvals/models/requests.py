@@ -157,6 +157,9 @@ class ApprovalRequest(models.Model):
     versions = models.JSONField(default=list, blank=True)
     edited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                   related_name="+")
+    # Reminders sent so far, and when the escalation group was told (approvals.reminders).
+    reminders_sent = models.PositiveSmallIntegerField(default=0)
+    escalated_at = models.DateTimeField(null=True, blank=True)
 
     objects = ApprovalRequestQuerySet.as_manager()
 

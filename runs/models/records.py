@@ -93,6 +93,7 @@ class AuditEvent(models.TextChoices):
     GRANT_APPLIED = "grant_applied"  # a run's high-risk steps ran on standing grants, without waiting
     GRANT_REVOKED = "grant_revoked"
     DECISION_LINK_USED = "decision_link_used"  # a one-time link decided its request
+    APPROVAL_ESCALATED = "approval_escalated"  # a pending request's escalation group was told
     DECISION_LINK_REFUSED = "decision_link_refused"  # a link opened or posted by the wrong person, used, expired, …
 
 

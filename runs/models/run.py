@@ -29,6 +29,10 @@ def new_webhook_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+def default_reminder_fractions() -> list[float]:
+    return [0.5, 0.9]
+
+
 class Tenant(models.Model):
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -39,6 +43,14 @@ class Tenant(models.Model):
     # (approvals' standing grants); 0: no standing grants in this tenant.
     standing_grant_max_hours = models.PositiveSmallIntegerField(
         default=8, help_text="the longest standing grant an approver of this tenant may give, in hours (0: none)")
+    # Approval reminders and escalation (approvals.reminders).
+    approval_reminder_fractions = models.JSONField(
+        default=default_reminder_fractions, blank=True,
+        help_text="when approvers are reminded of a pending request: fractions of its time, e.g. [0.5, 0.9]")
+    approval_escalation_after_s = models.PositiveIntegerField(
+        default=0, help_text="seconds after a request opened that its escalation group is told (0: never)")
+    approval_escalation_group = models.CharField(
+        max_length=150, default="escalation", help_text="the group told of an escalated request, who may decide it")
 
     def __str__(self) -> str:
         return self.name
