@@ -83,6 +83,25 @@ def told_of(request: ApprovalRequest):
         request=request, kind=NotificationKind.REQUESTED).values("recipient_id"))
 
 
+def with_delegates(request: ApprovalRequest, people) -> list:
+    """``people``, each replaced by their delegate while they are away
+    (docs/approvals.md#delegation), each person once. A delegate who may
+    not decide this request (the run's submitter, no longer an approver of
+    the tenant) is passed over: the away approver is told themselves."""
+    now = timezone.now()
+    may_decide = {user.pk for user in approvers_of(request)}
+    away = {prefs.user_id: prefs.delegate for prefs in NotificationSettings.objects.filter(
+        user__in=[user.pk for user in people]).select_related("delegate") if prefs.away(now)}
+    told, seen = [], set()
+    for user in people:
+        delegate = away.get(user.pk)
+        target = delegate if delegate is not None and delegate.pk in may_decide else user
+        if target.pk not in seen:
+            seen.add(target.pk)
+            told.append(target)
+    return told
+
+
 def channels_of(user) -> list[tuple[str, str]]:
     prefs = NotificationSettings.objects.filter(user=user).first()
     channels = []
@@ -99,7 +118,10 @@ def notify_request(request: ApprovalRequest, kind: str, *, recipients=None) -> l
     once the transaction commits."""
     subject, body = message_of(request, kind)
     made = []
-    for user in recipients if recipients is not None else approvers_of(request):
+    people = list(recipients if recipients is not None else approvers_of(request))
+    if kind in (NotificationKind.REQUESTED, NotificationKind.REMINDER):
+        people = with_delegates(request, people)
+    for user in people:
         channels = channels_of(user)
         if not channels:
             continue

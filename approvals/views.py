@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -23,8 +24,10 @@ from approvals.models import APPROVERS_GROUP, ApprovalStatus, Notification, Noti
 from approvals.notify import chat_host_allowed, link_of
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
+from runs.audit import audit
 from runs.errors import ExecGoError
-from runs.selectors import latest_event_id
+from runs.models import AuditEvent
+from runs.selectors import latest_event_id, tenant_of
 
 
 def _approver(request) -> None:
@@ -220,11 +223,20 @@ def decision_link(request, token: str):
 class NotificationSettingsForm(forms.ModelForm):
     chat_url = forms.URLField(required=False, max_length=500, assume_scheme="https",
                               label="Chat incoming-webhook URL")
+    away_until = forms.DateTimeField(required=False, label="Away until (UTC)",
+                                     widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                                     input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"])
 
     class Meta:
         model = NotificationSettings
-        fields = ("email", "chat_url", "chat_format")
-        labels = {"email": "E-mail me", "chat_url": "Chat incoming-webhook URL", "chat_format": "Chat format"}
+        fields = ("email", "chat_url", "chat_format", "away_until", "delegate")
+        labels = {"email": "E-mail me", "chat_format": "Chat format", "delegate": "Delegate while away"}
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.fields["delegate"].queryset = delegates_for(user)
+        self.fields["delegate"].label_from_instance = lambda person: person.get_username()
 
     def clean_chat_url(self) -> str:
         url = self.cleaned_data["chat_url"].strip()
@@ -233,6 +245,23 @@ class NotificationSettingsForm(forms.ModelForm):
                                         "(EXECGO_CHAT_WEBHOOK_HOSTS).")
         return url
 
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("away_until") and not cleaned.get("delegate"):
+            self.add_error("delegate", "Name who decides in your place while you are away.")
+        return cleaned
+
+
+def delegates_for(user):
+    """Whom ``user`` may name: the other approvers of their tenant (never an agent identity)."""
+    from django.contrib.auth import get_user_model
+
+    tenant = tenant_of(user)
+    if tenant is None:
+        return get_user_model().objects.none()
+    return (get_user_model().objects.filter(is_active=True, membership__tenant=tenant, groups__name=APPROVERS_GROUP)
+            .exclude(groups__name="agents").exclude(pk=user.pk).distinct().order_by("username"))
+
 
 @login_required
 @require_http_methods(["GET", "POST"])
@@ -240,9 +269,16 @@ def notification_settings(request):
     """Each approver chooses their channels; the messages they were sent are listed."""
     _approver(request)
     prefs = NotificationSettings.objects.filter(user=request.user).first() or NotificationSettings(user=request.user)
-    form = NotificationSettingsForm(request.POST or None, instance=prefs)
+    before = (prefs.away_until, prefs.delegate_id)
+    form = NotificationSettingsForm(request.POST or None, instance=prefs, user=request.user)
     if request.method == "POST" and form.is_valid():
-        form.save()
+        with transaction.atomic():
+            saved = form.save()
+            if (saved.away_until, saved.delegate_id) != before:
+                audit(AuditEvent.DELEGATION_SET, run_id=None, tenant_id=tenant_of(request.user).pk,
+                      actor=request.user, caller="approvals", data={
+                          "away_until": saved.away_until.isoformat() if saved.away_until else None,
+                          "delegate": saved.delegate.get_username() if saved.delegate else None})
         messages.success(request, "Notification settings saved.")
         return redirect("approvals:settings")
     sent = Notification.objects.filter(recipient=request.user).select_related("request")[:50]

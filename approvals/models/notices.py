@@ -16,14 +16,22 @@ class ChatFormat(models.TextChoices):
 
 class NotificationSettings(models.Model):
     """One approver's channels: e-mail to their address, chat to an
-    incoming webhook of theirs (its host on ``EXECGO_CHAT_WEBHOOK_HOSTS``)."""
+    incoming webhook of theirs (its host on ``EXECGO_CHAT_WEBHOOK_HOSTS``);
+    and, while they are away, their delegate."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                 related_name="approval_notifications")
     email = models.BooleanField(default=True, help_text="e-mail to the address of the account")
     chat_url = models.URLField(blank=True, max_length=500, help_text="an incoming-webhook URL")
     chat_format = models.CharField(max_length=10, choices=ChatFormat.choices, default=ChatFormat.SLACK)
+    # Away: until then, what this approver would be told goes to their delegate (an approver of the tenant).
+    away_until = models.DateTimeField(null=True, blank=True)
+    delegate = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="+")
     updated_at = models.DateTimeField(auto_now=True)
+
+    def away(self, now) -> bool:
+        return self.away_until is not None and self.away_until > now and self.delegate_id is not None
 
     def __str__(self) -> str:
         return f"notification settings of {self.user_id}"
