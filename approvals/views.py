@@ -6,7 +6,10 @@ request at a time or several from the inbox (``approvals.bulk``)."""
 from urllib.parse import urlsplit
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login as auth_login
+from django.contrib.auth import logout as auth_logout
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -24,6 +27,7 @@ from approvals.models import APPROVERS_GROUP, ApprovalStatus, Notification, Noti
 from approvals.notify import chat_host_allowed, link_of
 from approvals.selectors import request_for_user, requests_for_user
 from approvals.services import approval_decide
+from execgo.middleware import LINK_ONLY_SESSION_KEY
 from runs.audit import audit
 from runs.errors import ExecGoError
 from runs.models import AuditEvent
@@ -193,7 +197,9 @@ def decision_link(request, token: str):
     if link is None:
         return render(request, "approvals/link.html", {"refused": "This link is not valid."}, status=404)
     if not request.user.is_authenticated:
-        return redirect_to_login(request.get_full_path())
+        if not settings.EXECGO_DECISION_LINK_SIGN_IN:
+            return redirect_to_login(request.get_full_path())
+        return _link_sign_in(request, link)
     if request.method == "GET":
         refused = link_refusal(link, request.user)
         if refused is not None:
@@ -216,8 +222,29 @@ def decision_link(request, token: str):
         return render(request, "approvals/link.html", {"refused": exc.envelope["message"][0].upper()
                                                        + exc.envelope["message"][1:] + "."},
                       status=exc.http_status)
+    if request.session.get(LINK_ONLY_SESSION_KEY):  # a session the link opened: its work is done
+        auth_logout(request)
+        return render(request, "approvals/link.html", {"done": f"Request {outcome.request.status}. You are "
+                                                               "signed out."})
     messages.success(request, f"Request {outcome.request.status}.")
     return redirect("approvals:detail", request_id=outcome.request.pk)
+
+
+def _link_sign_in(request, link):
+    """``EXECGO_DECISION_LINK_SIGN_IN``: the page names the link's approver
+    and shows nothing of the request; its POST (which scanners do not send)
+    signs them in, in a session good for this link's page only."""
+    refused = link_refusal(link, link.recipient)
+    if refused is not None:
+        return render(request, "approvals/link.html", {"refused": refused[0].upper() + refused[1:] + "."},
+                      status=410)
+    if request.method == "GET" or request.POST.get("sign_in") != "1":
+        return render(request, "approvals/link.html", {"sign_in_as": link.recipient.get_username()})
+    auth_login(request, link.recipient, backend="django.contrib.auth.backends.ModelBackend")
+    request.session[LINK_ONLY_SESSION_KEY] = request.path
+    audit(AuditEvent.DECISION_LINK_SIGN_IN, run_id=link.request.run_id, tenant_id=link.tenant_id,
+          actor=link.recipient, caller="approvals", data={"link": link.pk, "request": link.request_id})
+    return redirect(request.path)
 
 
 class NotificationSettingsForm(forms.ModelForm):

@@ -63,3 +63,27 @@ class MessageMiddleware(InlineHooks, messages.MessageMiddleware):
             return True
         storage = getattr(request, "_messages", None)
         return storage is None or not (storage.used or storage.added_new)
+
+
+# A session a decision link opened (EXECGO_DECISION_LINK_SIGN_IN) holds the
+# link's path here: it is good for that page only (approvals.views).
+LINK_ONLY_SESSION_KEY = "execgo_decision_link_only"
+
+
+class DecisionLinkSessionMiddleware:
+    """A session opened by a one-time decision link answers its link's page
+    (and the static files, and logging out) and nothing else: 403 for every
+    other page, the admin and the API. The live websocket refuses it too
+    (``pages.consumers``)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        only = request.session.get(LINK_ONLY_SESSION_KEY) if hasattr(request, "session") else None
+        if only and request.path != only and not request.path.startswith(("/static/", "/accounts/logout/")):
+            from django.http import HttpResponseForbidden
+
+            return HttpResponseForbidden("This session was opened by a decision link and is good for that one "
+                                         "request only. Sign in to see anything else.", content_type="text/plain")
+        return self.get_response(request)

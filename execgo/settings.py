@@ -64,6 +64,8 @@ MIDDLEWARE = [
     "execgo.middleware.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "execgo.middleware.AuthenticationMiddleware",
+    # After the session: a session a decision link opened is good for that link only.
+    "execgo.middleware.DecisionLinkSessionMiddleware",
     # After authentication: binds the request id and the caller's tenant to every log line.
     "execgo.logs.RequestContextMiddleware",
     "execgo.middleware.MessageMiddleware",
@@ -405,6 +407,9 @@ EXECGO_CHAT_WEBHOOK_HOSTS = env_list("EXECGO_CHAT_WEBHOOK_HOSTS", ["hooks.slack.
 EXECGO_NOTIFY_MAX_ATTEMPTS = env_int("EXECGO_NOTIFY_MAX_ATTEMPTS", 5)
 EXECGO_NOTIFY_RETRY_BASE_S = env_float("EXECGO_NOTIFY_RETRY_BASE_S", 2.0)
 EXECGO_NOTIFY_TIMEOUT_S = env_float("EXECGO_NOTIFY_TIMEOUT_S", 10.0)
+# A decision link opened by someone not signed in may sign its approver in,
+# in a session good for that one request only; off: they sign in first.
+EXECGO_DECISION_LINK_SIGN_IN = env_bool("EXECGO_DECISION_LINK_SIGN_IN", False)
 # A notification still pending this long after it was made is sent again (beat).
 EXECGO_NOTIFY_RELAY_AFTER_S = env_int("EXECGO_NOTIFY_RELAY_AFTER_S", 300)  # (beat: EXECGO_NOTIFY_RELAY_INTERVAL_S, 60)
 

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from execgo.middleware import LINK_ONLY_SESSION_KEY
 from runs.relay import RELAY_LAYER, approvals_group, event_payload, relay, run_group, runs_group
 from runs.selectors import events_for_live_scope, run_in_tenant, tenant_of
 from runs.sessions import grant_for, session_watch, verdicts
@@ -49,8 +50,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close()
             return
         session = self.scope.get("session")
-        if session is None or not session.session_key:
-            await self.close()
+        if session is None or not session.session_key or await database_sync_to_async(session.get)(
+                LINK_ONLY_SESSION_KEY):
+            await self.close()  # no session, or one a decision link opened (good for that link's page only)
             return
         grant = grant_for(user, session.session_key, tenant_id=tenant.pk, needs_approver=scope == "approvals")
         if (await database_sync_to_async(verdicts)([grant]))[0] is not None:

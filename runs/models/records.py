@@ -95,6 +95,7 @@ class AuditEvent(models.TextChoices):
     DECISION_LINK_USED = "decision_link_used"  # a one-time link decided its request
     APPROVAL_ESCALATED = "approval_escalated"  # a pending request's escalation group was told
     DELEGATION_SET = "delegation_set"  # an approver is away until a time and named a delegate (or came back)
+    DECISION_LINK_SIGN_IN = "decision_link_sign_in"  # a link signed its approver in, for its request only
     DECISION_LINK_REFUSED = "decision_link_refused"  # a link opened or posted by the wrong person, used, expired, …
 
 

@@ -156,3 +156,26 @@ def test_each_approver_chooses_channels_and_a_chat_url_must_be_on_the_operator_s
     assert sorted(Notification.objects.filter(request=request).values_list("recipient__username", "channel")) == [
         ("ann", "chat"), ("ben", "email")]
     assert signed_in(people["dev"]).get("/approvals/settings/").status_code == 403
+
+
+def test_link_sign_in_opens_a_session_good_for_that_one_request_only(opened, people, settings):
+    settings.EXECGO_DECISION_LINK_SIGN_IN = True
+    send_all()
+    url = link_for("ann")
+    browser = signed_in(people["ann"]).__class__()  # not signed in
+    first = browser.get(url)  # a scanner's fetch: names the approver, shows nothing, signs nobody in
+    assert first.status_code == 200 and b"Continue as ann" in first.content
+    assert opened.action_digest.encode() not in first.content and "_auth_user_id" not in browser.session
+    assert browser.post(url, {"sign_in": "1"}).status_code == 302
+    assert AuditLog.objects.filter(event="decision_link_sign_in", actor=people["ann"]).count() == 1
+    page = browser.get(url)
+    assert page.status_code == 200 and opened.action_digest.encode() in page.content
+    for elsewhere in ("/approvals/", f"/approvals/{opened.pk}/", "/api/v1/runs", "/admin/", "/runs/"):
+        assert browser.get(elsewhere).status_code == 403, elsewhere
+    done = browser.post(url, {"verdict": "approve"})
+    assert done.status_code == 200 and b"signed out" in done.content
+    assert ApprovalRequest.objects.get(pk=opened.pk).status == "approved"
+    assert browser.get("/approvals/").status_code == 302  # to the login page: the session ended
+
+    spent = signed_in(people["ann"]).__class__().get(url)
+    assert spent.status_code == 410 and b"used already" in spent.content

@@ -161,3 +161,25 @@ def test_a_run_page_backlog_is_the_runs_events(live_web, agent, make_run):
                                  until=lambda e: False, timeout=2))
     assert [event["message"] for event in events] == [f"line {n}" for n in range(5)]
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
+
+
+def test_a_session_a_decision_link_opened_gets_no_live_stream(live_web, agent, tenant):
+    """EXECGO_DECISION_LINK_SIGN_IN: such a session is good for its link's page only."""
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from execgo.middleware import LINK_ONLY_SESSION_KEY
+    from tests.conftest import make_user
+
+    approver = make_user("linked", tenant, groups=("approvers",))
+    cookie = session_cookie(approver)
+    store = SessionStore(session_key=cookie)
+    store[LINK_ONLY_SESSION_KEY] = "/approvals/link/x/"
+    store.save()
+    for scope in ("runs", "approvals"):
+        with pytest.raises(InvalidStatus) as refused:
+            run_async(receive(ws_url(live_web, scope=scope, after=0), cookie, until=lambda e: True, timeout=5))
+        assert refused.value.response.status_code == 403
+    del store[LINK_ONLY_SESSION_KEY]
+    store.save()
+    heard = run_async(receive(ws_url(live_web, scope="approvals", after=0), cookie, until=lambda e: False, timeout=2))
+    assert heard == []  # the same session without the mark connects (and hears nothing here)
