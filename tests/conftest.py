@@ -121,6 +121,14 @@ def make_user(username: str, tenant: Tenant, *, groups: tuple[str, ...] = ()) ->
     return user
 
 
+def make_person(username: str, tenant: Tenant, *groups: str) -> User:
+    """``make_user`` with an e-mail address, ``<username>@example.com`` (the notifications' tests)."""
+    user = make_user(username, tenant, groups=groups)
+    user.email = f"{username}@example.com"
+    user.save(update_fields=["email"])
+    return user
+
+
 @pytest.fixture
 def agent(tenant):
     return make_user("agent", tenant, groups=("agents",))

@@ -15,22 +15,16 @@ from runs.errors import ConflictError
 from runs.models import AuditLog
 from tests.approvals.decisions_helpers import pending_request
 from tests.approvals.interfaces_helpers import signed_in
-from tests.conftest import make_user
+from tests.conftest import make_person
 
 pytestmark = pytest.mark.django_db
 
 
-def person(name, tenant, *groups):
-    user = make_user(name, tenant, groups=groups)
-    user.email = f"{name}@example.com"
-    user.save()
-    return user
-
 
 @pytest.fixture
 def team(tenant, other_tenant):
-    return {name: person(name, tenant, "approvers") for name in ("ann", "ben", "cat")} | {
-        "eve": person("eve", other_tenant, "approvers"), "bot": person("bot", tenant, "approvers", "agents")}
+    return {name: make_person(name, tenant, "approvers") for name in ("ann", "ben", "cat")} | {
+        "eve": make_person("eve", other_tenant, "approvers"), "bot": make_person("bot", tenant, "approvers", "agents")}
 
 
 def away(user, delegate, hours=2):

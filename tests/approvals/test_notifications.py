@@ -10,7 +10,6 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.core import mail
 from django.utils import timezone
 
@@ -19,7 +18,7 @@ from approvals.notify import notification_send
 from runs.models import AuditLog, Run
 from tests.approvals.decisions_helpers import pending_request
 from tests.approvals.interfaces_helpers import signed_in
-from tests.conftest import make_user
+from tests.conftest import make_person
 
 pytestmark = pytest.mark.django_db
 
@@ -33,18 +32,12 @@ def _mail(settings):
     settings.EXECGO_CHAT_WEBHOOK_HOSTS = ["hooks.example.com"]
 
 
-def person(name: str, tenant, *groups: str) -> User:
-    user = make_user(name, tenant, groups=groups)
-    user.email = f"{name}@example.com"
-    user.save()
-    return user
-
 
 @pytest.fixture
 def people(tenant, other_tenant):
-    return {"ann": person("ann", tenant, "approvers"), "ben": person("ben", tenant, "approvers"),
-            "bot": person("bot", tenant, "approvers", "agents"), "dev": person("dev", tenant),
-            "eve": person("eve", other_tenant, "approvers")}
+    return {"ann": make_person("ann", tenant, "approvers"), "ben": make_person("ben", tenant, "approvers"),
+            "bot": make_person("bot", tenant, "approvers", "agents"), "dev": make_person("dev", tenant),
+            "eve": make_person("eve", other_tenant, "approvers")}
 
 
 @pytest.fixture

@@ -18,7 +18,15 @@ from aiosmtpd.controller import Controller
 from approvals.models import ApprovalRequest, Notification, NotificationSettings
 from runs.models import Run
 from tests.approvals.interfaces_helpers import signed_in
-from tests.conftest import WorkerProcess, free_port, log_tails, make_user, token_client, wait_for_run, wait_until
+from tests.conftest import (
+    WorkerProcess,
+    free_port,
+    log_tails,
+    make_person,
+    token_client,
+    wait_for_run,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
@@ -65,16 +73,10 @@ class ChatReceiver:
         return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T1"
 
 
-def person(name, tenant, *groups):
-    user = make_user(name, tenant, groups=groups)
-    user.email = f"{name}@example.com"
-    user.save()
-    return user
-
 
 def test_a_request_s_approvers_get_their_messages_by_smtp_and_chat_and_a_link_decides(seeded_policy, tenant, agent):
-    ann, ben, cat = (person(name, tenant, "approvers") for name in ("ann", "ben", "cat"))
-    person("bot", tenant, "approvers", "agents")
+    ann, ben, cat = (make_person(name, tenant, "approvers") for name in ("ann", "ben", "cat"))
+    make_person("bot", tenant, "approvers", "agents")
     chat = ChatReceiver(fail_first=1)
     NotificationSettings.objects.create(user=cat, email=False, chat_url=chat.url, chat_format="slack")
     inbox, port = Inbox(), free_port()

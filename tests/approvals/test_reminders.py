@@ -17,7 +17,7 @@ from approvals.services import approval_decide
 from runs.errors import DeniedError
 from runs.models import AuditLog, Tenant
 from tests.approvals.decisions_helpers import pending_request
-from tests.conftest import make_user
+from tests.conftest import make_person, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -27,20 +27,14 @@ def _mail(settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
 
-def person(name, tenant, *groups):
-    user = make_user(name, tenant, groups=groups)
-    user.email = f"{name}@example.com"
-    user.save()
-    return user
-
 
 @pytest.fixture
 def request_of(awaiting, tenant):
     """A request opened with the tenant's reminders at 50% and 90% and escalation after 60 s."""
     Tenant.objects.filter(pk=tenant.pk).update(approval_escalation_after_s=60)
-    person("ann", tenant, "approvers")
-    person("ben", tenant, "approvers")
-    person("esme", tenant, "escalation")
+    make_person("ann", tenant, "approvers")
+    make_person("ben", tenant, "approvers")
+    make_person("esme", tenant, "escalation")
     return pending_request(awaiting())
 
 

@@ -11,7 +11,7 @@ import pytest
 from approvals.models import ApprovalRequest, Notification
 from approvals.services import approval_decide
 from runs.models import Tenant
-from tests.conftest import WorkerProcess, log_tails, make_user, token_client, wait_for_run, wait_until
+from tests.conftest import WorkerProcess, log_tails, make_person, token_client, wait_for_run, wait_until
 from tests.reliability.stack import Service
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
@@ -20,17 +20,11 @@ PLAN = {"steps": [{"id": "install", "tool": "shell", "params": {"script": "echo 
 SLACK_S = 3.0  # the scan's second, a busy machine's scheduling, and beat's own tick
 
 
-def person(name, tenant, *groups):
-    user = make_user(name, tenant, groups=groups)
-    user.email = f"{name}@example.com"
-    user.save()
-    return user
-
 
 def test_reminders_and_escalation_come_within_seconds_of_their_moments(seeded_policy, tenant, agent, tmp_path):
     Tenant.objects.filter(pk=tenant.pk).update(approval_escalation_after_s=5)
-    person("ann", tenant, "approvers")
-    esme = person("esme", tenant, "escalation")
+    make_person("ann", tenant, "approvers")
+    esme = make_person("esme", tenant, "escalation")
     env = {"EXECGO_REMINDER_SCAN_INTERVAL_S": "1"}
     worker = WorkerProcess(hostname="reminders", env=env).start()
     beat = Service("beat", [sys.executable, "-m", "celery", "-A", "execgo", "beat", "-l", "INFO", "--schedule",
