@@ -4,7 +4,7 @@
 ``notify_request`` writes, in the caller's transaction, one
 ``Notification`` row per approver and channel (e-mail to the account's
 address, chat to the approver's incoming webhook) and, for a request still
-open, one ``DecisionLink`` per approver; after commit each row is sent by
+open, one ``DecisionLink`` per message; after commit each row is sent by
 the ``approvals.tasks.send_notification`` task, retried with backoff up to
 ``EXECGO_NOTIFY_MAX_ATTEMPTS``, its outcome kept on the row. Who is told:
 the tenant's approvers, never the run's submitter nor an agent identity.
@@ -27,6 +27,7 @@ import urllib.request
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core import signing
 from django.core.mail import EmailMessage
 from django.db import transaction
@@ -64,21 +65,16 @@ class SendFailed(Exception):
     """An attempt failed; another is due unless the row says ``failed``."""
 
 
-def approvers_of(request: ApprovalRequest, *, among=None):
-    """The people who may decide ``request``: approvers of its tenant, not
-    agents, not the run's submitter, active (``among``: only those)."""
-    from django.contrib.auth import get_user_model
-
-    people = (get_user_model().objects.filter(is_active=True, membership__tenant_id=request.tenant_id,
-                                              groups__name=APPROVERS_GROUP)
-              .exclude(groups__name=AGENTS_GROUP).exclude(pk=request.run.submitted_by_id).distinct())
-    return people.filter(pk__in=among) if among is not None else people
+def approvers_of(request: ApprovalRequest):
+    """The people who may decide ``request``: active approvers of its
+    tenant, not agents, not the run's submitter."""
+    return (get_user_model().objects.filter(is_active=True, membership__tenant_id=request.tenant_id,
+                                            groups__name=APPROVERS_GROUP)
+            .exclude(groups__name=AGENTS_GROUP).exclude(pk=request.run.submitted_by_id).distinct())
 
 
 def told_of(request: ApprovalRequest):
     """The people told that ``request`` was opened."""
-    from django.contrib.auth import get_user_model
-
     return get_user_model().objects.filter(pk__in=Notification.objects.filter(
         request=request, kind=NotificationKind.REQUESTED).values("recipient_id"))
 
@@ -125,12 +121,12 @@ def notify_request(request: ApprovalRequest, kind: str, *, recipients=None) -> l
         channels = channels_of(user)
         if not channels:
             continue
-        link = None
-        if kind in OPEN_KINDS:
-            link = DecisionLink.objects.create(tenant_id=request.tenant_id, request=request, recipient=user,
-                                               digest=request.action_digest, secret_sha256="",
-                                               expires_at=request.expires_at)
-        for channel, address in channels:
+        for channel, address in channels:  # a link per message: each is sent with a secret of its own
+            link = None
+            if kind in OPEN_KINDS:
+                link = DecisionLink.objects.create(tenant_id=request.tenant_id, request=request, recipient=user,
+                                                   digest=request.action_digest, secret_sha256="",
+                                                   expires_at=request.expires_at)
             made.append(Notification.objects.create(
                 tenant_id=request.tenant_id, request=request, recipient=user, kind=kind, channel=channel,
                 address=address, subject=subject, body=body, link=link))
