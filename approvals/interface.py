@@ -19,6 +19,7 @@ from approvals.models import (
     plan_version,
     quorum_of,
     rated_steps,
+    reminders_of,
 )
 from approvals.notify import notify_request
 from runs.models import Run, Step
@@ -33,9 +34,11 @@ def open_request(run: Run, decision: dict, *, now) -> ApprovalRequest:
     rows = rated_steps(steps, decision)
     digest = action_digest(steps, decision["policy_version"])
     required = quorum_of(decision)
+    fractions, escalation_after_s = reminders_of(decision)
     return ApprovalRequest.objects.create(
         run=run, tenant_id=run.tenant_id, risk=decision["risk"], policy_version=decision["policy_version"],
-        action_digest=digest, approvals_required=required,
+        action_digest=digest, approvals_required=required, reminder_fractions=fractions,
+        escalation_after_s=escalation_after_s,
         expires_at=now + timedelta(seconds=run.approval_timeout_s), steps=rows,
         versions=[plan_version("proposed", digest, rows, risk=decision["risk"], approvals_required=required,
                                at=now)],

@@ -1,8 +1,9 @@
 """Reminders and escalation (docs/approvals.md#reminders-and-escalation).
 
 A pending request's approvers are reminded at fractions of its time
-(``Tenant.approval_reminder_fractions``, 50% and 90% by default); once
-``Tenant.approval_escalation_after_s`` has passed (0: never), the members
+(the rule's that rated it high, else ``Tenant.approval_reminder_fractions``,
+50% and 90% by default); once the escalation delay has passed (the rule's,
+else ``Tenant.approval_escalation_after_s``; 0: never), the members
 of the tenant's escalation group (``Tenant.approval_escalation_group``) are
 told too, each with a decision link, and may then decide the request.
 
@@ -30,13 +31,15 @@ from runs.statemachine import RunState
 def reminders_due(request: ApprovalRequest, now) -> int:
     """How many of the tenant's reminder moments of ``request`` have passed."""
     span = request.expires_at - request.requested_at
-    fractions = request.tenant.approval_reminder_fractions or []
+    fractions = request.reminder_fractions if request.reminder_fractions is not None else (
+        request.tenant.approval_reminder_fractions or [])
     return sum(1 for fraction in fractions if isinstance(fraction, (int, float)) and 0 < fraction < 1
                and request.requested_at + span * fraction <= now)
 
 
 def escalation_due(request: ApprovalRequest, now) -> bool:
-    delay = request.tenant.approval_escalation_after_s
+    delay = request.escalation_after_s if request.escalation_after_s is not None else (
+        request.tenant.approval_escalation_after_s)
     return bool(delay) and request.escalated_at is None and now >= request.requested_at + timedelta(seconds=delay)
 
 

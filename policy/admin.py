@@ -38,12 +38,21 @@ class PolicyRuleForm(forms.ModelForm):
 
     class Meta:
         model = PolicyRule
-        fields = ("tenant", "name", "tool", "field", "pattern", "negate", "outcome", "reason", "enabled", "priority")
+        fields = ("tenant", "name", "tool", "field", "pattern", "negate", "outcome", "reason", "enabled", "priority",
+                  "reminder_fractions", "escalation_after_s")
         widgets = {"tool": forms.Select(choices=[(tool, tool) for tool in (*KNOWN_TOOLS, ANY_TOOL)])}
 
     def clean_pattern(self) -> str:
         validate_rule_pattern(self.cleaned_data["pattern"])
         return self.cleaned_data["pattern"]
+
+    def clean_reminder_fractions(self):
+        fractions = self.cleaned_data.get("reminder_fractions")
+        if fractions is not None and not (isinstance(fractions, list) and all(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
+                for value in fractions)):
+            raise ValidationError("a list of fractions between 0 and 1, e.g. [0.5, 0.9]")
+        return fractions
 
     def clean_tool(self) -> str:
         return validate_rule_tool(self.cleaned_data["tool"])

@@ -47,6 +47,13 @@ class PolicyRule(models.Model):
     priority = models.IntegerField(default=100, help_text="lower runs first; listed in this order in traces")
     approvals_required = models.PositiveSmallIntegerField(
         default=1, help_text="distinct approvers a run needs when this rule rates it high (N of the approvers)")
+    # When the request this rule's high rating opens reminds and escalates (approvals.reminders); empty: the tenant's.
+    reminder_fractions = models.JSONField(
+        null=True, blank=True, help_text="fractions of the request's time to remind approvers at, e.g. [0.5, 0.9] "
+                                         "(empty: the tenant's)")
+    escalation_after_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="seconds until the tenant's escalation group is told (empty: the tenant's; "
+                                         "0: never)")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -25,6 +25,7 @@ from approvals.models.requests import (
     plan_version,
     quorum_of,
     rated_steps,
+    reminders_of,
     shown_action,
     visible_text,
 )
@@ -32,4 +33,5 @@ from approvals.models.requests import (
 __all__ = ["AGENTS_GROUP", "APPROVERS_GROUP", "ApprovalRequest", "ApprovalStatus", "ChatFormat", "Decision",
            "DecisionKind", "DecisionLink", "Notification", "NotificationChannel", "NotificationKind",
            "NotificationSettings", "NotificationStatus", "StandingGrant", "action_digest", "grant_digest",
-           "normalised_action", "plan_version", "quorum_of", "rated_steps", "shown_action", "visible_text"]
+           "normalised_action", "plan_version", "quorum_of", "rated_steps", "reminders_of", "shown_action",
+           "visible_text"]

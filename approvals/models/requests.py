@@ -160,6 +160,9 @@ class ApprovalRequest(models.Model):
     # Reminders sent so far, and when the escalation group was told (approvals.reminders).
     reminders_sent = models.PositiveSmallIntegerField(default=0)
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # From the rule that rated it high, when that rule says (else the tenant's, read at each scan).
+    reminder_fractions = models.JSONField(null=True, blank=True)
+    escalation_after_s = models.PositiveIntegerField(null=True, blank=True)
 
     objects = ApprovalRequestQuerySet.as_manager()
 
@@ -224,6 +227,19 @@ class ApprovalRequest(models.Model):
             "reason": reason or None, "decided_at": self.decided_at.isoformat() if self.decided_at else None,
             "url": f"/approvals/{self.pk}/",
         }, url=settings.EXECGO_APPROVAL_WEBHOOK_URL, run_id=self.run_id, tenant_id=self.tenant_id)
+
+
+def reminders_of(decision: dict) -> tuple[list | None, int | None]:
+    """The reminder fractions and escalation delay a rated plan's request
+    takes: each from the first rule (in priority order) that rated a step
+    high and sets it; None: the tenant's."""
+    high = [rule["id"] for rule in decision["matched_rules"] if rule["outcome"] == "high"]
+    rules = {rule.pk: rule for rule in PolicyRule.objects.filter(pk__in=high)}
+    fractions = next((rules[pk].reminder_fractions for pk in high
+                      if pk in rules and rules[pk].reminder_fractions is not None), None)
+    delay = next((rules[pk].escalation_after_s for pk in high
+                  if pk in rules and rules[pk].escalation_after_s is not None), None)
+    return fractions, delay
 
 
 def quorum_of(decision: dict) -> int:

@@ -14,6 +14,7 @@ from approvals.models import ApprovalRequest, DecisionLink, Notification
 from approvals.notify import notification_send
 from approvals.reminders import remind_and_escalate
 from approvals.services import approval_decide
+from policy.models import PolicyRule
 from runs.errors import DeniedError
 from runs.models import AuditLog, Tenant
 from tests.approvals.decisions_helpers import pending_request
@@ -98,3 +99,15 @@ def test_an_escalation_group_member_who_submitted_the_run_is_not_told(awaiting, 
     request = pending_request(awaiting())
     remind_and_escalate(now=request.requested_at + timedelta(seconds=2))
     assert not Notification.objects.filter(request=request, kind="escalation", recipient=agent).exists()
+
+
+def test_a_rule_s_own_reminders_and_escalation_delay_win_over_the_tenant_s(awaiting, tenant):
+    Tenant.objects.filter(pk=tenant.pk).update(approval_escalation_after_s=60)
+    make_person("ann", tenant, "approvers")
+    make_person("esme", tenant, "escalation")
+    PolicyRule.objects.filter(name="shell-package-install").update(reminder_fractions=[0.25], escalation_after_s=0)
+    request = pending_request(awaiting())
+    assert (request.reminder_fractions, request.escalation_after_s) == ([0.25], 0)
+    span = request.expires_at - request.requested_at
+    assert remind_and_escalate(now=request.requested_at + span * 0.25) == {"reminders": 1, "escalations": 0}
+    assert remind_and_escalate(now=request.requested_at + span * 0.95) == {"reminders": 0, "escalations": 0}
