@@ -8,9 +8,9 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 
-from approvals.models import ApprovalRequest, Decision
+from approvals.models import ApprovalRequest, Decision, Notification, StandingGrant
 from approvals.services import approval_decide
-from runs.admin_scope import TenantScopedAdmin
+from runs.admin_scope import ReadOnlyAdminMixin, TenantScopedAdmin
 from runs.errors import ExecGoError
 from runtime.admin import PrettyJSONMixin
 
@@ -77,3 +77,30 @@ class ApprovalRequestAdmin(TenantScopedAdmin, PrettyJSONMixin, admin.ModelAdmin)
     @admin.action(description="Reject selected requests", permissions=["view"])
     def reject_selected(self, request, queryset):
         return self._decide(request, queryset, approve=False, action="reject_selected")
+
+
+@admin.register(Notification)
+class NotificationAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Written and updated only by approvals.notify (the message, then each
+    attempt); an operator reads who was told what, and why a message failed.
+    The bodies hold no decision link (it is added when each is sent)."""
+
+    tenant_path = "tenant"
+    list_display = ("id", "kind", "channel", "recipient", "request", "status", "attempts", "created_at", "sent_at")
+    list_select_related = ("recipient", "request")
+    list_filter = ("status", "kind", "channel", "created_at")
+    search_fields = ("request__id__exact", "recipient__username")
+    exclude = ("link",)
+    show_full_result_count = False
+
+
+@admin.register(StandingGrant)
+class StandingGrantAdmin(TenantScopedAdmin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Given with approvals and revoked on the approvers' pages
+    (approvals.grants); read here."""
+
+    tenant_path = "tenant"
+    list_display = ("id", "agent", "granted_by", "request", "granted_at", "expires_at", "revoked_at", "uses")
+    list_select_related = ("agent", "granted_by", "request")
+    list_filter = ("granted_at", "expires_at")
+    search_fields = ("agent__username", "request__id__exact")

@@ -18,7 +18,7 @@ from django.forms.models import model_to_dict
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, Decision
+from approvals.models import ApprovalRequest, Decision, Notification, StandingGrant
 from policy.models import PolicyRule
 from runs.admin_scope import SuperuserOnlyAdmin, TenantScopedAdmin
 from runs.models import (
@@ -85,6 +85,11 @@ def populate(name: str) -> Tenant:
     Decision.objects.create(request=request, decider=approver, decision="approve", comment=f"{name} secret")
     PolicyRule.objects.create(tenant=tenant, name=f"{name}-rule", tool="shell", field="command",
                               pattern=f"{name} secret", outcome="high", reason=f"{name} secret rule")
+    Notification.objects.create(tenant=tenant, request=request, recipient=approver, kind="requested",
+                                channel="email", address=f"{name}@example.com", subject=f"{name} secret",
+                                body=f"{name} secret")
+    StandingGrant.objects.create(tenant=tenant, agent=agent, digest="0" * 64, action={"note": f"{name} secret"},
+                                 request=request, granted_by=approver, expires_at=timezone.now() + timedelta(hours=1))
     return tenant
 
 
