@@ -17,9 +17,11 @@ deploy checks look for them by name, and would skip their HTTPS and HSTS
 checks, or name a session cookie warning otherwise, for a subclass.
 """
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
+from django.http import HttpResponseForbidden
 from django.middleware import common
 
 
@@ -74,16 +76,44 @@ class DecisionLinkSessionMiddleware:
     """A session opened by a one-time decision link answers its link's page
     (and the static files, and logging out) and nothing else: 403 for every
     other page, the admin and the API. The live websocket refuses it too
-    (``pages.consumers``)."""
+    (``pages.consumers``).
+
+    Sync and async: under ASGI it stays on the event loop, and a request
+    without a session cookie (an API token's) is passed on without touching
+    the session; one with a cookie reads its session in the thread of
+    synchronous work, once (the session object keeps what it loaded)."""
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
     def __call__(self, request):
-        only = request.session.get(LINK_ONLY_SESSION_KEY) if hasattr(request, "session") else None
-        if only and request.path != only and not request.path.startswith(("/static/", "/accounts/logout/")):
-            from django.http import HttpResponseForbidden
+        if self.is_async:
+            return self.__acall__(request)
+        return self._refusal(request, _link_only(request)) or self.get_response(request)
 
+    async def __acall__(self, request):
+        only = await sync_to_async(_link_only)(request) if _has_session_cookie(request) else None
+        return self._refusal(request, only) or await self.get_response(request)
+
+    @staticmethod
+    def _refusal(request, only):
+        if only and request.path != only and not request.path.startswith(("/static/", "/accounts/logout/")):
             return HttpResponseForbidden("This session was opened by a decision link and is good for that one "
                                          "request only. Sign in to see anything else.", content_type="text/plain")
-        return self.get_response(request)
+        return None
+
+
+def _has_session_cookie(request) -> bool:
+    return settings.SESSION_COOKIE_NAME in request.COOKIES
+
+
+def _link_only(request) -> str | None:
+    if not hasattr(request, "session") or not _has_session_cookie(request):
+        return None
+    return request.session.get(LINK_ONLY_SESSION_KEY)

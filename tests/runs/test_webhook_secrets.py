@@ -153,7 +153,9 @@ def test_staff_see_their_tenants_secret_and_never_another_tenants(tenant, other_
     # Renaming the tenant is audited without its secret; the secret is no form input.
     renamed = mine.post(reverse("admin:runs_tenant_change", args=[tenant.pk]),
                         {"name": "acme renamed", "webhook_secret": "chosen-by-attacker",
-                         "standing_grant_max_hours": str(tenant.standing_grant_max_hours)})
+                         "standing_grant_max_hours": str(tenant.standing_grant_max_hours),
+                         "approval_reminder_fractions": "[0.5, 0.9]", "approval_escalation_after_s": "0",
+                         "approval_escalation_group": "escalation"})
     assert renamed.status_code == 302
     tenant.refresh_from_db()
     assert (tenant.name, tenant.webhook_secret) == ("acme renamed", before)
