@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("broken", [False, True], ids=["fenced", "fencing-skipped"])
 def test_a_step_delivered_twice_runs_once_and_a_build_that_skips_fencing_is_caught(broken, tenant, agent, tmp_path):
     approver = token_client(make_user("ann", tenant, groups=("approvers",)))
-    with EffectRecorder(delay_s=1.5) as recorder:
+    with EffectRecorder(delay_s=3.0) as recorder:  # the attempt is in flight when its message comes again
         env = {"EXECGO_HTTP_ALLOWED_NETWORKS": recorder.network}
         if broken:
             env["EXECGO_TEST_SKIP_FENCING"] = "true"
