@@ -70,13 +70,9 @@ class PolicyRule(models.Model):
 
 
 class PolicyVersion(models.Model):
-    """The policy version: row 1 (no tenant) is the global rules' version;
-    a tenant whose own rules changed has a row of its own. A tenant's
-    version is its row's, else row 1's; a global change moves every row, a
-    tenant's change its row only (``policy.rules``)."""
+    """A single row: the global rules' version, bumped on every change of a
+    global rule (``policy.rules``)."""
 
-    tenant = models.OneToOneField("runs.Tenant", null=True, blank=True, on_delete=models.CASCADE,
-                                  related_name="policy_version")
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -84,4 +80,19 @@ class PolicyVersion(models.Model):
         db_table = "runs_policyversion"
 
     def __str__(self) -> str:
-        return f"policy v{self.version}" + (f" of tenant {self.tenant_id}" if self.tenant_id else "")
+        return f"policy v{self.version}"
+
+
+class TenantPolicyVersion(models.Model):
+    """The version of a tenant's policy (the global rules and its own), for
+    a tenant whose own rules changed; else the global version is the
+    tenant's. A global change moves every row, a tenant's change its row
+    only (``policy.rules``). Keyed by the tenant: no sequence to share."""
+
+    tenant = models.OneToOneField("runs.Tenant", primary_key=True, on_delete=models.CASCADE,
+                                  related_name="policy_version")
+    version = models.PositiveIntegerField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"policy v{self.version} of tenant {self.tenant_id}"

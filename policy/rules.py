@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from policy.models import PolicyRule, PolicyVersion
+from policy.models import PolicyRule, PolicyVersion, TenantPolicyVersion
 from runs.plan_schema import KNOWN_TOOLS
 
 ANY_TOOL = "*"
@@ -33,7 +33,7 @@ def current_policy_version(tenant_id: int | None = None) -> int:
     """The version of the policy that rates ``tenant_id``'s runs (the
     global rules and its own); of the global rules alone for None."""
     if tenant_id is not None:
-        version = PolicyVersion.objects.filter(tenant_id=tenant_id).values_list("version", flat=True).first()
+        version = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values_list("version", flat=True).first()
         if version is not None:
             return version
     return PolicyVersion.objects.get_or_create(pk=GLOBAL_VERSION)[0].version
@@ -92,10 +92,11 @@ def _bump_policy_version(tenant_id: int | None) -> None:
     global_row = PolicyVersion.objects.select_for_update().get(pk=GLOBAL_VERSION)
     now = timezone.now()
     if tenant_id is None:
-        PolicyVersion.objects.update(version=F("version") + 1, updated_at=now)  # every tenant's moves too
+        PolicyVersion.objects.filter(pk=GLOBAL_VERSION).update(version=F("version") + 1, updated_at=now)
+        TenantPolicyVersion.objects.update(version=F("version") + 1, updated_at=now)  # every tenant's moves too
         return
-    row, _created = PolicyVersion.objects.get_or_create(tenant_id=tenant_id, defaults={"version": global_row.version})
-    PolicyVersion.objects.filter(pk=row.pk).update(version=F("version") + 1, updated_at=now)
+    TenantPolicyVersion.objects.get_or_create(tenant_id=tenant_id, defaults={"version": global_row.version})
+    TenantPolicyVersion.objects.filter(tenant_id=tenant_id).update(version=F("version") + 1, updated_at=now)
 
 
 def policy_rule_save(rule: PolicyRule) -> PolicyRule:

@@ -10,7 +10,7 @@ from django.urls import reverse
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from policy.interface import current_policy_version, policy_dry_run
-from policy.models import PolicyRule, PolicyVersion
+from policy.models import PolicyRule, PolicyVersion, TenantPolicyVersion
 from policy.rules import policy_rule_delete, policy_rule_save
 from runs.errors import ConflictError
 from runs.models import Run
@@ -57,7 +57,8 @@ def test_versions_move_per_tenant_and_a_global_change_moves_them_all(seeded_poli
         == (start + 3, start + 1, start + 1)
     policy_rule_delete(rule)
     assert (current_policy_version(tenant.pk), current_policy_version(other_tenant.pk)) == (start + 4, start + 1)
-    assert PolicyVersion.objects.filter(tenant=tenant).count() == 1
+    assert TenantPolicyVersion.objects.filter(tenant=tenant).count() == 1
+    assert PolicyVersion.objects.count() == 1
 
 
 def test_moving_a_rule_to_another_tenant_moves_both_versions(seeded_policy, tenant, other_tenant):
