@@ -22,13 +22,15 @@ import ipaddress
 import logging
 import time
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from axes.backends import AxesStandaloneBackend
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
+
+from execgo.dual import SyncAndAsyncMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ def throttle_delay(failures: int) -> float:
     return min(FIRST_DELAY_S * 2 ** min(excess, 16), settings.EXECGO_LOGIN_THROTTLE_MAX_S)
 
 
-class LoginThrottleMiddleware:
+class LoginThrottleMiddleware(SyncAndAsyncMiddleware):
     """Holds back a login POST for a username under a spray of failures.
 
     Under Daphne it runs asynchronously (every middleware below it can, see
@@ -103,15 +105,6 @@ class LoginThrottleMiddleware:
     ``asyncio.sleep`` holds up only this request. Under WSGI, where each
     request has a thread of its own, it runs synchronously.
     """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.is_async:

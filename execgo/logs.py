@@ -24,9 +24,11 @@ import uuid
 from typing import Any
 
 import structlog
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from celery.signals import setup_logging, task_postrun, task_prerun
 from structlog.contextvars import bind_contextvars, clear_contextvars, get_contextvars, merge_contextvars
+
+from execgo.dual import SyncAndAsyncMiddleware
 
 logger = logging.getLogger("execgo.request")
 
@@ -161,7 +163,7 @@ def _tenant_id(request) -> int | None:
     return None
 
 
-class RequestContextMiddleware:
+class RequestContextMiddleware(SyncAndAsyncMiddleware):
     """Binds the request's ids to every line logged while it is handled,
     echoes ``X-Request-ID`` and logs one line per request (method, path,
     status, duration; never the query string).
@@ -171,14 +173,9 @@ class RequestContextMiddleware:
     thread, with these bindings copied in), so a middleware above it that
     waits (``execgo.auth.LoginThrottleMiddleware``) waits on the event loop."""
 
-    sync_capable = True
-    async_capable = True
-
     def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
+        super().__init__(get_response)
         if self.is_async:
-            markcoroutinefunction(self)
             # Django calls a synchronous process_view through the thread; this one does no I/O.
             self.process_view = self._process_view_async
 

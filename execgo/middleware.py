@@ -17,12 +17,14 @@ deploy checks look for them by name, and would skip their HTTPS and HSTS
 checks, or name a session cookie warning otherwise, for a subclass.
 """
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.http import HttpResponseForbidden
 from django.middleware import common
+
+from execgo.dual import SyncAndAsyncMiddleware
 
 
 class InlineHooks:
@@ -72,7 +74,7 @@ class MessageMiddleware(InlineHooks, messages.MessageMiddleware):
 LINK_ONLY_SESSION_KEY = "execgo_decision_link_only"
 
 
-class DecisionLinkSessionMiddleware:
+class DecisionLinkSessionMiddleware(SyncAndAsyncMiddleware):
     """A session opened by a one-time decision link answers its link's page
     (and the static files, and logging out) and nothing else: 403 for every
     other page, the admin and the API. The live websocket refuses it too
@@ -82,15 +84,6 @@ class DecisionLinkSessionMiddleware:
     without a session cookie (an API token's) is passed on without touching
     the session; one with a cookie reads its session in the thread of
     synchronous work, once (the session object keeps what it loaded)."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request):
         if self.is_async:
