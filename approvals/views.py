@@ -216,7 +216,7 @@ def decision_link(request, token: str):
         outcome = link_decide(link, request.user, approve=verdict == "approve",
                               comment=request.POST.get("comment", "")[:2000])
     except ExecGoError as exc:
-        if exc.envelope["details"].get("fields"):  # a reject without a reason: the link is still good
+        if (exc.envelope.get("details") or {}).get("fields"):  # a reject without a reason: the link is still good
             messages.error(request, exc.envelope["message"])
             return redirect(request.path)
         return render(request, "approvals/link.html", {"refused": exc.envelope["message"][0].upper()
@@ -234,7 +234,7 @@ def _link_sign_in(request, link):
     """``EXECGO_DECISION_LINK_SIGN_IN``: the page names the link's approver
     and shows nothing of the request; its POST (which scanners do not send)
     signs them in, in a session good for this link's page only."""
-    refused = link_refusal(link, link.recipient)
+    refused = link_refusal(link, link.recipient) or (None if link.recipient.is_active else "this account is disabled")
     if refused is not None:
         return render(request, "approvals/link.html", {"refused": refused[0].upper() + refused[1:] + "."},
                       status=410)

@@ -155,6 +155,10 @@ def test_link_sign_in_opens_a_session_good_for_that_one_request_only(opened, peo
     settings.EXECGO_DECISION_LINK_SIGN_IN = True
     send_all()
     url = link_for("ann")
+    people["ben"].is_active = False  # a disabled account is never signed in by its link
+    people["ben"].save()
+    disabled = signed_in(people["ann"]).__class__().get(link_for("ben"))
+    assert disabled.status_code == 410 and b"disabled" in disabled.content
     browser = signed_in(people["ann"]).__class__()  # not signed in
     first = browser.get(url)  # a scanner's fetch: names the approver, shows nothing, signs nobody in
     assert first.status_code == 200 and b"Continue as ann" in first.content
