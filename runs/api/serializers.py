@@ -5,6 +5,8 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from policy.interface import DEFAULT_RUNS as REPLAY_DEFAULT_RUNS
+from policy.interface import MAX_RUNS as REPLAY_MAX_RUNS
 from runs.models import CALLBACK_EVENTS, Event, EventType, Job, MemoryEntry, Run, Step, StepRunStatus
 from runs.plan_schema import KNOWN_TOOLS, MAX_RETRIES, MAX_STEP_ID_LENGTH, STEP_KEYS
 from runs.services import cancel_would_apply
@@ -155,8 +157,9 @@ class PolicyReplayRequestSerializer(StrictSerializer):
     delete = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
     tenant = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1, allow_null=True,
                                       help_text="the superuser's: whose runs (default: every tenant's)")
-    limit = serializers.IntegerField(required=False, default=500, min_value=1, max_value=5000,
-                                     help_text="the last N runs replayed (default 500)")
+    limit = serializers.IntegerField(required=False, default=REPLAY_DEFAULT_RUNS, min_value=1,
+                                     max_value=REPLAY_MAX_RUNS,
+                                     help_text=f"the last N runs replayed (default {REPLAY_DEFAULT_RUNS})")
 
     def validate(self, data):
         if ("rule" in data) == ("delete" in data):
