@@ -414,8 +414,8 @@ EXECGO_DECISION_LINK_SIGN_IN = env_bool("EXECGO_DECISION_LINK_SIGN_IN", False)
 EXECGO_NOTIFY_RELAY_AFTER_S = env_int("EXECGO_NOTIFY_RELAY_AFTER_S", 300)  # (beat: EXECGO_NOTIFY_RELAY_INTERVAL_S, 60)
 
 # A deliberately broken build, for the fault tests only (tests/reliability/): a
-# worker claims a step attempt without its fence, so a message delivered twice
-# runs the step twice. The history checker must catch it; a system check
+# worker claims and launches a step attempt without its fences, so a message
+# delivered twice runs the step twice. The history checker must catch it; a system check
 # refuses it anywhere else (runs/checks.py).
 EXECGO_TEST_SKIP_FENCING = env_bool("EXECGO_TEST_SKIP_FENCING", False)
 

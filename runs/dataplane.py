@@ -288,9 +288,10 @@ def run_tool(step: Step, *, attempt: int, timeout_s: float, cancel_requested: Ca
     """Execute a step that holds its slot on this host (in ``spare``, a
     ``warm_shim``, when it fits). The caller reserved the slot before
     claiming the attempt and releases it once the result is recorded.
-    ``while_running``: called once a shell step's shim is started. None: a
-    shell step still running after EXECGO_STEP_HAND_OFF_S was handed to
-    this worker's watcher, with its slot (``hand_to_watcher``)."""
+    ``while_running``: called once a shell step's shim (or an http step's
+    process) is started. None: such a step still running after
+    EXECGO_STEP_HAND_OFF_S was handed to this worker's watcher, with its
+    slot (``hand_to_watcher``)."""
     return executor.execute(step.handle_id, tool=step.tool, params=step.params, timeout_s=timeout_s,
                             attempt=attempt, plan=step.effective_plan, cancel_requested=cancel_requested,
                             on_progress=on_progress, spare=spare, while_running=while_running,

@@ -187,10 +187,11 @@ def wait(
         + settings.EXECGO_SHIM_BACKSTOP_S
     )
     link = launched.link if launched is not None else None
-    # A shim forked by the server is the launched process itself (one spawned
-    # under unshare is that process's child: shim.json names it).
+    # A shim forked by the server, or an http step's process, is the launched
+    # process itself (a shim spawned under unshare is that process's child:
+    # shim.json names it).
     info = None
-    if launched is not None and launched.via in ("forkserver", "spare"):
+    if launched is not None and launched.via in ("forkserver", "spare", "fork"):
         info = {"pid": launched.pid, "create_time": launched.create_time}
     hand_off_at = time.monotonic() + hand_off_after_s if hand_off is not None else None
     if not _await_shim_end(handle_id, directory, link=link, info=info, backstop=backstop, progress=progress,

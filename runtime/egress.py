@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ipaddress
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,16 @@ _EMBEDDING = {"IPv4-mapped", "IPv4-compatible", "NAT64", "NAT64 (local use)"}
 
 RATING_RESOLVE_TIMEOUT_S = 1.0
 _lookups = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="egress-resolve")
+
+
+def _new_lookups() -> None:
+    # A forked process (runtime/tool_process.py) has none of its parent's
+    # threads: the parent's pool would take lookups and never run them.
+    global _lookups
+    _lookups = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="egress-resolve")
+
+
+os.register_at_fork(after_in_child=_new_lookups)
 
 
 def classify(address: Address) -> str | None:

@@ -1,7 +1,10 @@
 """Run one tool call to its end: a shell step in its shim (launched, then
-waited for), a ``file`` step here in the worker, an ``http`` step from here:
-the worker checks each destination and the request runs in a helper process
-of its own (see runtime/tools/http.py)."""
+waited for), an ``http`` step in a process forked for it
+(runtime/tool_process.py: it checks each destination, and the request runs
+in a helper process of its own, see runtime/tools/http.py), waited for as a
+shim is, and a ``file`` step here in the worker: its work is bounded local
+I/O (runtime/tools/file.py), with nothing to wait on that would free the
+process meanwhile."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtime import forkserver, shim
+from runtime import forkserver, shim, tool_process
 from runtime.attach import wait
 from runtime.envelopes import EnvelopeError, error_envelope, failed_result, step_result
 from runtime.launcher import launch, prepare_request
@@ -38,18 +41,22 @@ def execute(
 ) -> dict | None:
     """Run one tool call to its end and return the step result envelope.
     ``spare``: a ``warm_shim`` for a shell step (closed unused otherwise).
-    ``while_running``: called once a shell step's shim is started, before
-    waiting for it (the caller's chance to get the next step ready); what it
-    raises is logged, never the step's failure. ``hand_off`` and
-    ``hand_off_after_s``: see ``attach.wait``; None when the step was
-    handed off (a shell step still running after that time)."""
+    ``while_running``: called once a shell step's shim (an http step's
+    process) is started, before waiting for it (the caller's chance to get
+    the next step ready); what it raises is logged, never the step's
+    failure. ``hand_off`` and ``hand_off_after_s``: see ``attach.wait``;
+    None when the step was handed off (still running after that time)."""
     started = time.time()
     try:
         directory, request = prepare_request(handle_id, tool=tool, params=params, timeout_s=timeout_s, attempt=attempt,
                                       plan=plan)
-        if tool == "shell":
-            launched = launch(handle_id, request=request, spare=spare)
-            spare = None  # started in, or closed by, launch
+        if tool in ("shell", "http"):
+            if tool == "shell":
+                launched = launch(handle_id, request=request, spare=spare)
+                spare = None  # started in, or closed by, launch
+            else:
+                launched = tool_process.launch(handle_id, tool=tool, attempt=attempt, run=lambda: _run_in_process(
+                    handle_id, tool, params, timeout_s, attempt, directory, request["plan"], time.time()))
             if while_running is not None:
                 try:
                     while_running()

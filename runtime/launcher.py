@@ -77,7 +77,7 @@ def prepare_request(handle_id: str, *, tool: str, params: dict, timeout_s: float
     if not {"profile", "limits", "tree_kill"} <= plan.keys():
         plan = resolve_plan({key: plan[key] for key in ("profile", "limits") if key in plan})
     directory = task_dir(handle_id)
-    if any((directory / name).exists() for name in (LAUNCH_FILE, shim.SHIM_FILE, shim.RESULT_FILE)):
+    if _fenced() and any((directory / name).exists() for name in (LAUNCH_FILE, shim.SHIM_FILE, shim.RESULT_FILE)):
         raise EnvelopeError.of(
             "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
         )
@@ -211,6 +211,38 @@ def _runnable(program: str, *, uid: int | None, masked: list[str], visible: list
         return False
 
 
+def claim_launch(directory: Path, handle_id: str) -> int:
+    """Claim the launch of a prepared handle -> the open ``launch.json``,
+    filled in once the step's process is started. One process per handle,
+    even when a redelivered task races the first one: a second claim raises
+    ``invalid_input``."""
+    try:
+        return os.open(directory / LAUNCH_FILE, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if _fenced() else os.O_TRUNC),
+                       0o600)
+    except FileExistsError:
+        raise EnvelopeError.of(
+            "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
+        ) from None
+
+
+def _fenced() -> bool:
+    """A handle is launched once, the data plane's own fence behind the
+    step claim's (runs/execution.py). ``EXECGO_TEST_SKIP_FENCING`` drops
+    both: the deliberately broken build of the fault tests, refused
+    anywhere else (system check execgo.E001)."""
+    return not settings.EXECGO_TEST_SKIP_FENCING
+
+
+def release_launch(directory: Path) -> None:
+    """Nothing started after ``claim_launch``: the handle may be launched again."""
+    os.unlink(directory / LAUNCH_FILE)
+
+
+def track_child(pid: int) -> None:
+    """A step's process that is this process's child: reaped once it ends."""
+    _spawned.add(pid)
+
+
 def reap_spawned() -> None:
     for pid in list(_spawned):
         try:
@@ -245,7 +277,7 @@ def _spawn_directly(directory: Path, *, pid_namespace: bool) -> int:
             ),
         ],
     )
-    _spawned.add(pid)
+    track_child(pid)
     return pid
 
 
@@ -305,19 +337,12 @@ def launch(handle_id: str, *, request: dict[str, Any] | None = None, spare: fork
     request = request or load_json(directory / shim.REQUEST_FILE)
     if request is None:
         raise EnvelopeError.of("not_found", f"handle {handle_id} was not prepared", details={"handle_id": handle_id})
-    try:
-        # One shim per handle, even when a redelivered task races the first
-        # one: launch.json is the claim, filled in once the shim is started.
-        claim = os.open(directory / LAUNCH_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise EnvelopeError.of(
-            "invalid_input", f"handle {handle_id} was already launched", details={"handle_id": handle_id}
-        ) from None
+    claim = claim_launch(directory, handle_id)
     try:
         pid, created, via, link = _start_shim(directory, request, spare)
     except BaseException:
         os.close(claim)
-        os.unlink(directory / LAUNCH_FILE)  # nothing started: the handle may be launched again
+        release_launch(directory)
         raise
     with os.fdopen(claim, "w") as fh:
         fh.write(json.dumps({"pid": pid, "create_time": created, "via": via}))

@@ -181,10 +181,15 @@ def call_helper(spec: dict[str, Any], *, plan: dict[str, Any], workspace: Path, 
             process = start_helper(plan, workspace, network=network, stdin=request, stdout=out)
     finally:
         request_path.unlink(missing_ok=True)
-    if not _wait(process, timeout + HELPER_GRACE_S):
-        os.killpg(process.pid, 9)
-        process.wait()
-        output_path.unlink(missing_ok=True)
+    ended = False
+    try:
+        ended = _wait(process, timeout + HELPER_GRACE_S)
+    finally:  # overran, or the step is being cancelled (runtime/tool_process.py): the request goes with it
+        if not ended:
+            os.killpg(process.pid, 9)
+            process.wait()
+            output_path.unlink(missing_ok=True)
+    if not ended:
         return {"error": "timeout", "message": "the request's process overran"}
     try:
         raw = output_path.read_bytes()

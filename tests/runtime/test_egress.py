@@ -205,20 +205,25 @@ def test_follow_redirects_is_bounded(handle, value):
     assert result["error"]["code"] == "invalid_input"
 
 
-def test_a_dns_answer_that_changes_after_the_check_changes_nothing(canaries, allowed_server, handle, monkeypatch):
+def test_a_dns_answer_that_changes_after_the_check_changes_nothing(canaries, allowed_server, handle, monkeypatch,
+                                                                     tmp_path):
     """Rebinding: the first answer is the allowed server, every later one the
     canary. The name is resolved once, and the request goes to what was checked."""
     port = allowed_server.server_address[1]
-    lookups = []
+    # Written down in a file: the step runs in a process of its own (runtime/tool_process.py).
+    lookups = tmp_path / "lookups"
+    lookups.touch()
 
     def rebinding(host, port):
-        lookups.append(host)
-        return ["127.0.0.2"] if len(lookups) == 1 else ["127.0.0.1"]
+        first = not lookups.read_text()
+        with open(lookups, "a") as fh:
+            fh.write(host + "\n")
+        return ["127.0.0.2"] if first else ["127.0.0.1"]
 
     monkeypatch.setattr(egress, "resolve_name", rebinding)
     result = call(handle, {"url": f"http://rebind.test:{port}/"})
     assert result["output"] == {"status_code": 200, "body": "hello from 127.0.0.2"}, result["error"]
-    assert lookups == ["rebind.test"]
+    assert lookups.read_text().splitlines() == ["rebind.test"]
     assert allowed_server.seen[0]["host"] == f"rebind.test:{port}"  # the name, not the address, as Host
 
 

@@ -8,6 +8,7 @@ the test makes itself (trustme); names resolve through the guard's seam."""
 from __future__ import annotations
 
 import http.server
+import json
 import ssl
 import threading
 
@@ -130,15 +131,18 @@ def test_a_bundle_that_cannot_be_read_is_an_error_before_any_connect(server, han
     assert server.server_names == [] and server.requests == []
 
 
-def test_the_bundle_goes_with_https_requests_only(server, trusted, handle, monkeypatch):
-    seen = []
+def test_the_bundle_goes_with_https_requests_only(server, trusted, handle, monkeypatch, tmp_path):
+    # The step runs in a process of its own (runtime/tool_process.py): the spy writes down what it saw.
+    notes = tmp_path / "seen.jsonl"
     real = http_process.call_helper
 
     def spy(spec, **kwargs):
-        seen.append(spec.get("ca_certificates"))
+        with open(notes, "a") as fh:
+            fh.write(json.dumps(spec.get("ca_certificates")) + "\n")
         return real(spec, **kwargs)
 
     monkeypatch.setattr(http_process, "call_helper", spy)
     call(handle, f"https://tls.test:{server.server_address[1]}/", "process")
     call(f"{handle}-2", f"http://tls.test:{server.server_address[1]}/", "process")
+    seen = [json.loads(line) for line in notes.read_text().splitlines()]
     assert seen[0].startswith("-----BEGIN CERTIFICATE-----") and seen[1] is None
