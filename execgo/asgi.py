@@ -2,7 +2,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from execgo.databases import use_a_pool
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "execgo.settings")
+use_a_pool()  # before the settings load: this process serves requests from many threads
 django_asgi_app = get_asgi_application()
 
 # The rest needs the apps loaded.

@@ -99,7 +99,8 @@ TEMPLATES = [
 # "default", and "audit": a second connection to it for the audit rows that
 # must outlive the caller's rollback; SQLite tuned for concurrent writers.
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'execgo.sqlite3'}")
-DATABASES = databases(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0), data_dir=DATA_DIR)
+DATABASES = databases(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 300),
+                      pool_size=env_int("DATABASE_POOL_MAX_SIZE", 8), data_dir=DATA_DIR)
 DATABASE_ROUTERS: list[str] = []
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 IS_SQLITE = DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
@@ -197,6 +198,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
+# Celery closes a worker's database connections after every task unless told
+# to reuse them: they are kept (DATABASE_CONN_MAX_AGE), checked before each
+# task (runs/tasks.py), and closed all the same every this many tasks.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

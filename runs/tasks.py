@@ -14,8 +14,9 @@ import logging
 import os
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup, worker_process_init, worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, task_prerun, worker_process_init, worker_ready, worker_shutdown
 from django.conf import settings
+from django.db import close_old_connections
 
 from runs import step_watch
 from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
@@ -137,6 +138,14 @@ def _stop_the_shim_server(**kwargs):
     detached from it and finish all the same."""
     step_watch.stop()
     forkserver.stop_server(str(tasks_dir()))
+
+
+@task_prerun.connect
+def _usable_connections(**kwargs):
+    """A connection kept from the task before (``CELERY_DB_REUSE_MAX``) is
+    closed if it is past its age or broken (a database restarted, a
+    connection terminated): the task opens a new one."""
+    close_old_connections()
 
 
 @worker_process_init.connect
