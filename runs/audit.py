@@ -97,7 +97,7 @@ def _append(row: AuditLog, *, using: str) -> None:
                 # transaction that audited first and drove the run after would
                 # otherwise deadlock with one that holds the run and audits.
                 # (Not on the audit connection: its caller may hold the run.)
-                statements.select_for_update(Run, row.run_id, ("id",), using=using)
+                statements.lock_row(Run, row.run_id, using=using)
             row.chain_lane, seq, last_hash = _lock_free_lane(chain, using)
         row.chain_seq = seq + 1
         row.prev_hash = last_hash or GENESIS

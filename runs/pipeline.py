@@ -33,7 +33,30 @@ logger = logging.getLogger(__name__)
 
 def run_advance(run_id: int) -> Claim | None:
     """Drive the run as far as it can go without outside input; once it is
-    EXECUTING, dispatch its first steps and hand one back to run in-process."""
+    EXECUTING, dispatch its first steps and hand one back to run in-process.
+
+    The stages commit together, with the first steps' dispatch: one
+    transaction from CREATED to the first step's start (each transition
+    still recorded, projected and audited on its own). A planner that calls
+    out (``llm``) is called between two such transactions, never inside one."""
+    while True:
+        with transaction.atomic():
+            advanced = _advance(run_id)
+        if advanced is not _PLAN_OUTSIDE:
+            return advanced
+        run = Run.objects.filter(pk=run_id).first()
+        try:
+            _plan(run)
+        except TransitionLost as lost:
+            logger.info("run %s: %s; another writer drives it", run_id, lost)
+            return None
+
+
+# ``_advance``: the run is to be planned by a planner that calls out.
+_PLAN_OUTSIDE = object()
+
+
+def _advance(run_id: int):
     while True:
         run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
         if run is None or run.is_final:
@@ -46,6 +69,8 @@ def run_advance(run_id: int) -> Claim | None:
             # CANCELLED edge is applied here, not left for the approver.
             run_cancel_awaiting_approval(run_id)
             return None
+        if run.state == S.PLANNING and run.planner != "static":
+            return _PLAN_OUTSIDE
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
             return None

@@ -141,11 +141,13 @@ def _stop_the_shim_server(**kwargs):
 
 
 @task_prerun.connect
-def _usable_connections(**kwargs):
+def _usable_connections(sender=None, **kwargs):
     """A connection kept from the task before (``CELERY_DB_REUSE_MAX``) is
     closed if it is past its age or broken (a database restarted, a
-    connection terminated): the task opens a new one."""
-    close_old_connections()
+    connection terminated): the task opens a new one. Not for a task run
+    eagerly, inside its caller's transaction."""
+    if not getattr(getattr(sender, "request", None), "is_eager", False):
+        close_old_connections()
 
 
 @worker_process_init.connect

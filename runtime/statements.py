@@ -88,6 +88,17 @@ def select_for_update(model: type[Model], pk, fields: tuple[str, ...], *, using:
     return next(iter(model.objects.using(using).raw(sql, [pk])), None)
 
 
+def lock_row(model: type[Model], pk, *, using: str = "default") -> None:
+    """Lock ``model``'s row ``pk`` for the rest of the transaction, reading
+    nothing of it (no instance is built: a django-fsm model would load its
+    state to build one). A no-op where the database has no row locks."""
+    connection = connections[using]
+    if not connection.features.has_select_for_update:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_select_sql(model, (model._meta.pk.name,), connection.vendor, using, True), [pk])
+
+
 def _prepared(model: type[Model], values: dict, connection) -> list:
     meta = model._meta
     return [meta.get_field(name).get_db_prep_save(value, connection=connection) for name, value in values.items()]

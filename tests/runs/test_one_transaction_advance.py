@@ -1,0 +1,107 @@
+"""A static plan's stages commit as one transaction, the first step's start
+included (runs/pipeline.py; docs/stages.md#driving-a-run): each transition
+still has its own trace, event and audit row; an llm planner is called
+between two transactions; a failure in a stage rolls the stages back and
+the run is driven again from where it was.
+"""
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+import runs.pipeline
+from runs.execution import execute_claims
+from runs.models import AuditLog, Event, EventType, Run, Trace
+from runs.pipeline import run_advance
+from runs.services import run_submit
+from tests.conftest import simple_plan
+from tests.runs.test_llm_planner import GOAL, VALID_PLAN, plan_reply, serving_planner
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STAGES = ["PREPARING", "PLANNING", "POLICY_CHECK", "EXECUTING"]
+
+
+@pytest.fixture
+def commits(monkeypatch):
+    """How many transactions the default connection commits."""
+    count = []
+    real = connection._commit
+
+    def counting():
+        count.append(1)
+        return real()
+
+    monkeypatch.setattr(connection, "_commit", counting)
+    return count
+
+
+def recorded_per_transition(run_id: int) -> None:
+    for state in STAGES:
+        assert Trace.objects.filter(run_id=run_id, kind="transition", to_state=state).count() == 1
+        assert AuditLog.objects.filter(run_id=run_id, to_state=state).count() == 1
+        assert Event.objects.filter(run_id=run_id, type=EventType.RUN_STATE_CHANGED, data__to=state).count() == 1
+
+
+def state_seen_by_another_connection(run_id: int) -> str:
+    seen = []
+
+    def read():
+        try:
+            seen.append(Run.objects.get(pk=run_id).state)
+        finally:
+            connections.close_all()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+    return seen[0]
+
+
+def test_the_stages_and_the_first_step_s_start_commit_together(tenant, agent, commits):
+    run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"], ["true"])).run.pk
+    commits.clear()
+    claim = run_advance(run_id)
+    assert len(commits) == 1
+    assert claim is not None and claim.started is not None  # the first step, started in that transaction
+    assert state_seen_by_another_connection(run_id) == "EXECUTING"
+    recorded_per_transition(run_id)
+    execute_claims(claim)
+    assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
+
+
+def test_an_llm_planner_is_called_between_two_transactions(tenant, agent, settings, monkeypatch):
+    real_plan_run, seen_while_planning = runs.pipeline.plan_run, []
+
+    def planning(run):
+        seen_while_planning.append(state_seen_by_another_connection(run.pk))
+        return real_plan_run(run)
+
+    monkeypatch.setattr(runs.pipeline, "plan_run", planning)
+    with serving_planner(settings) as llm:
+        llm.script(plan_reply(VALID_PLAN))
+        run_id = run_submit(tenant=tenant, user=agent, planner="llm", goal=GOAL).run.pk
+        execute_claims(run_advance(run_id))
+    assert seen_while_planning == ["PLANNING"]  # committed before the call, not held open across it
+    assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
+    recorded_per_transition(run_id)
+
+
+def test_a_failure_inside_a_stage_rolls_the_stages_back_and_the_run_is_driven_again(tenant, agent, monkeypatch):
+    run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
+
+    def broken(run):
+        raise RuntimeError("the policy store is unreachable")
+
+    monkeypatch.setattr(runs.pipeline, "evaluate_policy", broken)
+    with pytest.raises(RuntimeError):
+        run_advance(run_id)
+    assert Run.objects.get(pk=run_id).state == "CREATED"
+    assert not Trace.objects.filter(run_id=run_id, to_state__in=STAGES).exists()
+    assert not AuditLog.objects.filter(run_id=run_id, to_state__in=STAGES).exists()
+
+    monkeypatch.undo()  # the task is delivered again
+    execute_claims(run_advance(run_id))
+    assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
+    recorded_per_transition(run_id)
