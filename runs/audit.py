@@ -92,20 +92,17 @@ def _append(row: AuditLog, *, using: str) -> None:
             row.chain_lane = CALLER_LANE
             seq, last_hash = _lock_head(chain, CALLER_LANE, using)
         else:
-            if row.run_id is not None:
-                # Locks in one order, the run's row before its tenant's head: a
-                # transaction that audited first and drove the run after would
-                # otherwise deadlock with one that holds the run and audits.
-                # (Not on the audit connection: its caller may hold the run.)
-                statements.lock_row(Run, row.run_id, using=using)
-            row.chain_lane, seq, last_hash = _lock_free_lane(chain, using)
+            # Locks in one order, the run's row before its tenant's head: a
+            # transaction that audited first and drove the run after would
+            # otherwise deadlock with one that holds the run and audits.
+            # (Not on the audit connection: its caller may hold the run.)
+            row.chain_lane, seq, last_hash = _lock_free_lane(chain, using, run_id=row.run_id)
         row.chain_seq = seq + 1
         row.prev_hash = last_hash or GENESIS
         row.created_at = timezone.now()
         row.row_hash = row_digest(row_content(row))
-        statements.insert([row], using=using)
-        statements.update(AuditChainHead, {"chain": row.tenant_id or NO_TENANT_CHAIN, "lane": row.chain_lane},
-                          {"seq": row.chain_seq, "last_hash": row.row_hash}, using=using)
+        statements.insert_and_update(row, AuditChainHead, {"chain": chain, "lane": row.chain_lane},
+                                     {"seq": row.chain_seq, "last_hash": row.row_hash}, using=using)
 
 
 def _lock_head(chain: int, lane: int, using: str) -> tuple[int, str]:
@@ -124,40 +121,49 @@ def _lock_head(chain: int, lane: int, using: str) -> tuple[int, str]:
     return seq, last_hash
 
 
-def _lock_free_lane(chain: int, using: str) -> tuple[int, int, str]:
-    """PostgreSQL: take a caller lane of ``chain`` that no other transaction
-    holds, lock its head and return (lane, seq, last_hash): this
-    transaction's own lane when it has audited before (so a transaction
-    holds one lane of a chain), else the lowest free one (a lone writer
-    always writes lane 0). A lane is held by a transaction-level advisory
-    lock, taken with ``pg_try_advisory_xact_lock``, which never waits: one
-    tenant's writers do not queue behind each other's transactions until
-    all ``EXECGO_AUDIT_LANES`` lanes are held at once, and a lane's head
-    row, missing or not, is only ever touched by its holder. With every
-    lane held the writer waits for lane 0, holding no lane of that chain
-    itself (its own would have been free to it), so it cannot deadlock
-    there."""
+def _lock_free_lane(chain: int, using: str, *, run_id: int | None = None) -> tuple[int, int, str]:
+    """PostgreSQL: lock the run's row (``run_id``, when the row is a run's),
+    take a caller lane of ``chain`` that no other transaction holds, lock
+    its head and return (lane, seq, last_hash): this transaction's own lane
+    when it has audited before (so a transaction holds one lane of a chain),
+    else the lowest free one (a lone writer always writes lane 0). A lane is
+    held by a transaction-level advisory lock, taken with
+    ``pg_try_advisory_xact_lock``, which never waits: one tenant's writers
+    do not queue behind each other's transactions until all
+    ``EXECGO_AUDIT_LANES`` lanes are held at once, and a lane's head row,
+    missing or not, is only ever touched by its holder. With every lane held
+    the writer waits for lane 0, holding no lane of that chain itself (its
+    own would have been free to it), so it cannot deadlock there.
+
+    The common case is one round trip: the run's lock (an InitPlan, so it
+    is taken first), the lane and the head's upsert in one statement."""
     conn = connections[using]
     held_transaction, held_lanes = getattr(conn, "execgo_audit_lanes", ("", ()))
     lanes = caller_lanes()
+    head = conn.ops.quote_name(AuditChainHead._meta.db_table)
+    run_table, run_pk = conn.ops.quote_name(Run._meta.db_table), conn.ops.quote_name(Run._meta.pk.column)
     with conn.cursor() as cursor:
         # Without ORDER BY the function scan hands the lanes over in order and
         # LIMIT stops at the first one locked: no other lane is taken.
         cursor.execute(
-            "SELECT lane, pg_current_xact_id()::text FROM unnest("
+            "WITH chosen AS (SELECT lane FROM unnest("
             "CASE WHEN pg_current_xact_id()::text = %s THEN %s::int[] ELSE '{}'::int[] END || %s::int[]) AS lane "
-            f"WHERE pg_try_advisory_xact_lock({LANE_LOCK_KEY}) LIMIT 1",
-            [held_transaction, list(held_lanes), lanes, chain])
+            f"WHERE (SELECT count(*) FROM (SELECT 1 FROM {run_table} WHERE {run_pk} = %s FOR UPDATE) AS run) >= 0 "
+            f"AND pg_try_advisory_xact_lock({LANE_LOCK_KEY}) LIMIT 1) "
+            f"INSERT INTO {head} (chain, lane, seq, last_hash) SELECT %s, lane, 0, '' FROM chosen "
+            f"ON CONFLICT (chain, lane) DO UPDATE SET seq = {head}.seq "
+            "RETURNING lane, seq, last_hash, pg_current_xact_id()::text",
+            [held_transaction, list(held_lanes), lanes, run_id, chain, chain])
         found = cursor.fetchone()
-        if found is None:  # every lane held by other transactions: wait for one
+        if found is not None:
+            lane, seq, last_hash, transaction_id = found
+        else:  # every lane held by other transactions: wait for one (the run's row is locked by now)
             lane = lanes[0]
             cursor.execute(f"SELECT pg_advisory_xact_lock({LANE_LOCK_KEY}), pg_current_xact_id()::text "
                            "FROM (SELECT %s::int AS lane) AS chosen", [chain, lane])
             transaction_id = cursor.fetchone()[1]
-        else:
-            lane, transaction_id = found
+            seq, last_hash = _lock_head(chain, lane, using)
     conn.execgo_audit_lanes = (transaction_id, (*held_lanes, lane) if held_transaction == transaction_id else (lane,))
-    seq, last_hash = _lock_head(chain, lane, using)
     return lane, seq, last_hash
 
 

@@ -88,6 +88,30 @@ def select_for_update(model: type[Model], pk, fields: tuple[str, ...], *, using:
     return next(iter(model.objects.using(using).raw(sql, [pk])), None)
 
 
+def insert_and_update(obj: Model, model: type[Model], where: dict, values: dict, *, using: str = "default") -> None:
+    """``insert([obj])`` then ``update(model, where, values)``: one statement
+    on PostgreSQL (the insert in a data-modifying WITH, one round trip), two
+    elsewhere."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        insert([obj], using=using)
+        update(model, where, values, using=using)
+        return
+    if any(value is None for value in where.values()):
+        raise ValueError("statements.update filters on equality only; None needs the ORM")
+    sql, stamped, guarded = _update_sql(model, tuple(values), tuple(where), connection.vendor, using)
+    if guarded:
+        model.refuse_direct_write(values)
+    written = [field.get_db_prep_save(field.pre_save(obj, True), connection=connection)
+               for field in _insert_fields(type(obj))]
+    row = SimpleNamespace()
+    params = (written + _prepared(model, values, connection)
+              + [field.get_db_prep_save(field.pre_save(row, False), connection=connection) for field in stamped]
+              + _prepared(model, where, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH written AS ({_insert_sql(type(obj), 1, connection.vendor, using)}) {sql}", params)
+
+
 def lock_row(model: type[Model], pk, *, using: str = "default") -> None:
     """Lock ``model``'s row ``pk`` for the rest of the transaction, reading
     nothing of it (no instance is built: a django-fsm model would load its

@@ -108,6 +108,49 @@ def test_select_for_update_holds_the_row_lock_until_commit(make_run):
         other.close()
 
 
+def test_insert_and_update_write_both_in_one_round_trip_on_postgresql(make_run):
+    run = make_run("EXECUTING")
+    step = make_step(run)
+    event = Event(type="task_progressed", run=run, task_id="a", handle_id="h-1", timestamp=WHEN, data=RESULT)
+    sent = []
+
+    def counting(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counting):
+        statements.insert_and_update(event, Step, {"id": step.pk, "attempt": 2},
+                                     {"run_status": "success", "result": RESULT})
+
+    assert len(sent) == (2 if connection.vendor == "sqlite" else 1)
+    assert list(Event.objects.filter(run=run, task_id="a").values_list("type", "handle_id", "timestamp", "data")) \
+        == [("task_progressed", "h-1", WHEN, RESULT)]
+    step.refresh_from_db()
+    assert (step.run_status, step.result) == ("success", RESULT)
+
+
+@postgres_only
+def test_lock_row_holds_the_row_lock_until_commit_and_reads_nothing(make_run):
+    run = make_run("EXECUTING")
+    db = connection.settings_dict
+    other = psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"] or "postgres",
+                            dbname=db["NAME"], autocommit=True)
+    sent = []
+
+    def counting(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    try:
+        with transaction.atomic(), connection.execute_wrapper(counting):
+            statements.lock_row(Run, run.pk)
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute("SELECT id FROM runs_run WHERE id = %s FOR UPDATE NOWAIT", [run.pk])
+        assert len(sent) == 1  # no second query loading the run's state (django-fsm builds instances that way)
+    finally:
+        other.close()
+
+
 def test_update_refuses_the_run_state(make_run):
     run = make_run("EXECUTING")
 
