@@ -92,20 +92,22 @@ def test_select_for_update_loads_the_named_fields_only(make_run):
     assert statements.select_for_update(Run, run.pk + 1000, ("id", "state")) is None
 
 
+def another_connection() -> psycopg.Connection:
+    """A connection of its own to the test database, outside Django's."""
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"] or "postgres",
+                           dbname=db["NAME"], autocommit=True)
+
+
 @postgres_only
 def test_select_for_update_holds_the_row_lock_until_commit(make_run):
     run = make_run("EXECUTING")
-    db = connection.settings_dict
-    other = psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"] or "postgres",
-                            dbname=db["NAME"], autocommit=True)
-    try:
+    with another_connection() as other:
         with transaction.atomic():
             statements.select_for_update(Run, run.pk, ("id", "state"))
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 other.execute("SELECT id FROM runs_run WHERE id = %s FOR UPDATE NOWAIT", [run.pk])
         assert other.execute("SELECT id FROM runs_run WHERE id = %s FOR UPDATE NOWAIT", [run.pk]).fetchone() == (run.pk,)
-    finally:
-        other.close()
 
 
 def test_insert_and_update_write_both_in_one_round_trip_on_postgresql(make_run):
@@ -132,23 +134,18 @@ def test_insert_and_update_write_both_in_one_round_trip_on_postgresql(make_run):
 @postgres_only
 def test_lock_row_holds_the_row_lock_until_commit_and_reads_nothing(make_run):
     run = make_run("EXECUTING")
-    db = connection.settings_dict
-    other = psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"] or "postgres",
-                            dbname=db["NAME"], autocommit=True)
     sent = []
 
     def counting(execute, sql, params, many, context):
         sent.append(sql)
         return execute(sql, params, many, context)
 
-    try:
+    with another_connection() as other:
         with transaction.atomic(), connection.execute_wrapper(counting):
             statements.lock_row(Run, run.pk)
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 other.execute("SELECT id FROM runs_run WHERE id = %s FOR UPDATE NOWAIT", [run.pk])
         assert len(sent) == 1  # no second query loading the run's state (django-fsm builds instances that way)
-    finally:
-        other.close()
 
 
 def test_update_refuses_the_run_state(make_run):
