@@ -20,7 +20,7 @@ from runs.dataplane import bind_rated_plans
 from runs.dispatch import Claim, enqueue_approval_expiry
 from runs.errors import ExecGoError
 from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
-from runs.outbox import emit
+from runs.outbox import emit, written_at_the_end
 from runs.planners import PlanningFailed, plan_run
 from runs.settle import executing_started, run_settle
 from runs.statemachine import RunState
@@ -40,8 +40,8 @@ def run_advance(run_id: int) -> Claim | None:
     still recorded, projected and audited on its own). A planner that calls
     out (``llm``) is called between two such transactions, never inside one."""
     while True:
-        with transaction.atomic():
-            advanced = _advance(run_id)
+        with transaction.atomic(), written_at_the_end() as events:
+            advanced = _advance(run_id, events)
         if advanced is not _PLAN_OUTSIDE:
             return advanced
         run = Run.objects.filter(pk=run_id).first()
@@ -56,7 +56,9 @@ def run_advance(run_id: int) -> Claim | None:
 _PLAN_OUTSIDE = object()
 
 
-def _advance(run_id: int):
+def _advance(run_id: int, events: list[Event]):
+    """The stages, in the caller's transaction; ``events``: what they emitted
+    so far, held to be written at its end (``outbox.written_at_the_end``)."""
     while True:
         run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
         if run is None or run.is_final:
@@ -74,9 +76,11 @@ def _advance(run_id: int):
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
             return None
+        emitted = len(events)
         try:
             stage(run)
         except TransitionLost as lost:
+            del events[emitted:]  # the stage's writes were rolled back with its savepoint
             logger.info("run %s: %s; another writer drives it", run_id, lost)
             return None
 

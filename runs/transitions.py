@@ -18,6 +18,7 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from runs.audit import audit
 from runs.metrics import count_transition
 from runs.models import FINAL_AUDIT_EVENT, AuditEvent, Event, EventType, Job, Run, Step, Trace, TraceKind
+from runs.outbox import emit
 from runs.statemachine import FINAL, ZOMBIE_SWEEPER, RunState, closing_cause_for, edge, is_legal, job_status_for
 from runtime import statements
 
@@ -175,7 +176,7 @@ def record_state(run: Run, source: str | None, target: str, now: datetime, *, ev
     """The projector: the Event (outbox) row, the AuditLog row and the Job
     projection of ``run`` entering ``target`` (from ``source``; None when
     the run was just created), in the caller's transaction."""
-    statements.insert([Event(
+    emit([Event(
         type=EventType.RUN_STATE_CHANGED, run=run, timestamp=now, message=message,
         data={"from": source, "to": target, "closing_cause": run.closing_cause},
     )])

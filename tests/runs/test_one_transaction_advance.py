@@ -71,6 +71,29 @@ def test_the_stages_and_the_first_step_s_start_commit_together(tenant, agent, co
     assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
 
 
+def test_the_stages_events_get_their_ids_at_the_end_of_the_transaction(tenant, agent):
+    """The live relay waits a bounded time for a lower id to commit
+    (docs/live-relay.md): the events are written last, together, in order."""
+    run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"], ["true"])).run.pk
+    sent = []
+
+    def recording(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(recording):
+        claim = run_advance(run_id)
+    writes = [sql for sql in sent if sql.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH", "DELETE"))]
+    event_inserts = [index for index, sql in enumerate(writes) if 'INTO "runs_event"' in sql]
+    assert event_inserts == [len(writes) - 1], writes[-3:]  # one insert, the transaction's last write
+    types = list(Event.objects.filter(run_id=run_id).order_by("id").values_list("type", "data__to"))
+    assert types == [("run_state_changed", "CREATED"), *[("run_state_changed", state) for state in STAGES[:2]],
+                     ("task_submitted", None), ("task_submitted", None),
+                     *[("run_state_changed", state) for state in STAGES[2:]],
+                     ("task_accepted", None), ("task_started", None)]  # the first step; the second waits for it
+    execute_claims(claim)
+
+
 def test_an_llm_planner_is_called_between_two_transactions(tenant, agent, settings, monkeypatch):
     real_plan_run, seen_while_planning = runs.pipeline.plan_run, []
 
