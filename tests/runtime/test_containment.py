@@ -253,11 +253,19 @@ def _left_behind(handle_id: str, since: float) -> list[str]:
             left.append(f"{info['pid']} {' '.join(info['cmdline'] or ())[:120]}")
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.create_time() >= since - 1 and child.status() != psutil.STATUS_ZOMBIE:
+            if (child.create_time() >= since - 1 and child.status() != psutil.STATUS_ZOMBIE
+                    and not _the_browser_s(child)):
                 left.append(f"{child.pid} {' '.join(child.cmdline())[:120]}")
         except psutil.NoSuchProcess:
             pass
     return left
+
+
+def _the_browser_s(process: psutil.Process) -> bool:
+    """A process of the session's Chromium (the page tests', when they share
+    this test process): it starts helpers of its own whenever it likes."""
+    return any(ancestor.name().startswith("node") or "chromium" in ancestor.name()
+               for ancestor in [process, *process.parents()])
 
 
 
