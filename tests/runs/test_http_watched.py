@@ -151,6 +151,8 @@ def test_a_cancel_reaches_a_watched_http_step_and_drops_its_request(api, worker,
     run_id = submit_approved(held.url("to-cancel"))
     try:
         wait_until(lambda: watched_by(worker, [run_id]), timeout=60, what="the http step handed to the watcher")
+        # The hand-off can come before the helper has connected: the request is at the server first.
+        wait_until(lambda: held.arrived == ["/to-cancel"], timeout=30, what="the request at the server")
         assert api.post(f"/api/v1/runs/{run_id}/cancel", {"reason": "enough"}, format="json").status_code == 202
         run = wait_for_run(run_id, timeout=60)
     except (AssertionError, pytest.fail.Exception) as exc:
