@@ -205,6 +205,11 @@ CELERY_DB_REUSE_MAX = 1000
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A pool process that dies mid-task (OOM killer, kill -9) holds its prefetch
+# slot until its job is declared lost: Celery waits 10 s for a late result
+# by default, and the worker takes no new message meanwhile. The tasks are
+# idempotent and fenced and their results ignored, so one second is enough.
+CELERY_WORKER_LOST_WAIT = env_float("CELERY_WORKER_LOST_WAIT", 1.0)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULER = "execgo.beat_scheduler:Scheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

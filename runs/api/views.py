@@ -146,8 +146,8 @@ class RunEventsView(APIView):
         wait_s = min(_non_negative_int(request, "wait", 0), settings.EXECGO_API_LONG_POLL_MAX_S)
         deadline = time.monotonic() + wait_s
         events = run_events_after(run, after)
-        while not events and time.monotonic() < deadline:
-            time.sleep(LONG_POLL_INTERVAL_S)
+        while not events and (remaining := deadline - time.monotonic()) > 0:
+            time.sleep(min(LONG_POLL_INTERVAL_S, remaining))
             events = run_events_after(run, after)
         return Response(EventPageSerializer({
             "run_id": run.pk, "events": events, "last_event_id": events[-1].pk if events else after,

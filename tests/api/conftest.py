@@ -39,7 +39,7 @@ class ApiServer(DaphneServer):
             "CELERY_TASK_ALWAYS_EAGER": "false",
             "EXECGO_CALLBACK_ALLOWED_HOSTS": "", "EXECGO_APPROVAL_WEBHOOK_URL": "", "EXECGO_LLM_URL": "",
             # Long polls and waits cut short: a fuzzer waits on each one.
-            "EXECGO_API_LONG_POLL_MAX_S": "0.5", "EXECGO_API_WAIT_MAX_S": "0.5",
+            "EXECGO_API_LONG_POLL_MAX_S": "0.1", "EXECGO_API_WAIT_MAX_S": "0.1",
             "EXECGO_API_THROTTLE_RATE": "100000/minute",
         }
 

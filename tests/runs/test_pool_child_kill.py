@@ -30,7 +30,7 @@ from runs.models import AuditLog, Event, Run, Step
 from runs.statemachine import FINAL
 from runtime import forkserver, shim
 from runtime.models import HostCapacity, Reservation
-from tests.conftest import WorkerProcess, log_tails, purge_broker, token_client, wait_until
+from tests.conftest import WorkerProcess, log_tails, purge_broker, token_client, wait_for_run, wait_until
 from tests.reliability.checker import check_history
 from tests.runs.test_deadline_scan import BeatProcess
 
@@ -66,6 +66,13 @@ def pool_processes(main: psutil.Process) -> set[int]:
         except psutil.Error:
             continue  # a killed one not reaped yet, or gone
     return pids
+
+
+def busy_pool_processes(main: psutil.Process, host: str = HOST) -> set[int]:
+    """The pool processes of ``main`` holding the slot of a step whose command runs now."""
+    pool = pool_processes(main)
+    return {owner for handle_id, owner in Reservation.objects.filter(host_id=host).values_list("handle_id", "owner_pid")
+            if owner in pool and (Path(settings.EXECGO_TASKS_DIR) / handle_id / shim.SHIM_FILE).exists()}
 
 
 def busy_pool_process(main: psutil.Process) -> int | None:
@@ -245,4 +252,39 @@ def test_a_host_full_of_live_reservations_never_blocks_the_pool(api):
     finally:
         worker.stop()
         ledger.release("h-squatter")
+        purge_broker()
+
+
+def test_a_worker_whose_pool_processes_die_mid_step_takes_new_work_within_seconds(api):
+    """Both pool processes of a -c 2 worker killed in the middle of their
+    steps: the worker declares their jobs lost after CELERY_WORKER_LOST_WAIT
+    (1 s), which frees its prefetch for the next message. Celery's default
+    waits 10 s, and the worker took no message at all meanwhile."""
+    purge_broker()
+    host = "lost-host"
+    worker = WorkerProcess(hostname="lost", concurrency=2, env={
+        "EXECGO_HOST_NAME": host, "EXECGO_TASK_SLOTS": "4", "EXECGO_STEP_HAND_OFF_S": "-1"})
+    nap = {"steps": [{"id": "nap", "tool": "shell", "params": {"argv": ["sleep", "2"]}}]}
+    quick = {"steps": [{"id": "a", "tool": "shell", "params": {"argv": ["true"]}}]}
+    try:
+        worker.start()
+        main = psutil.Process(worker.proc.pid)
+        naps = [api.post("/api/v1/runs", {"title": f"nap-{n}", "plan": nap}, format="json").json()["id"]
+                for n in range(2)]
+        wait_until(lambda: len(busy_pool_processes(main, host)) == 2, what="both pool processes in a step")
+        victims = busy_pool_processes(main, host)
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        response = api.post("/api/v1/runs", {"title": "quick", "plan": quick}, format="json")
+        assert response.status_code == 201, response.content
+        run = wait_for_run(response.json()["id"], timeout=60)
+        took = time.monotonic() - killed_at
+        assert run.state == "SUCCEEDED", run.state
+        # Generous: about 3 s here (a second's wait, then the killed steps' re-attachments).
+        assert took < 8, f"the quick run took {took:.1f}s after the kills{log_tails(worker)}"
+        for run_id in naps:  # re-attached and ended on their own
+            assert wait_for_run(run_id, timeout=60).state == "SUCCEEDED"
+    finally:
+        worker.stop()
         purge_broker()
