@@ -1,8 +1,8 @@
 """Reminders and escalation on real timings: a real worker and beat (its
-reminder scan every second), a request of 60 s with reminders at 20% and
+reminder scan every second), a request of 30 s with reminders at 20% and
 40% of it and escalation after 5 s. Each notification is made within a few
 seconds of its moment; the escalation group's member then decides, with
-half a minute to spare."""
+a quarter of a minute to spare."""
 
 import sys
 from datetime import timedelta
@@ -32,7 +32,7 @@ def test_reminders_and_escalation_come_within_seconds_of_their_moments(seeded_po
                             str(tmp_path / "beat-schedule")], env, tmp_path)
     try:
         response = token_client(agent).post("/api/v1/runs", {"title": "remind me", "plan": PLAN,
-                                                             "approval_timeout_s": 60}, format="json")
+                                                             "approval_timeout_s": 30}, format="json")
         assert response.status_code == 201, response.content
         run_id = response.json()["id"]
         wait_until(lambda: Notification.objects.filter(request__run_id=run_id, kind="reminder").count() == 2,
