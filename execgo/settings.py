@@ -192,8 +192,16 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = filesystem_transport_options(
         DATA_DIR / "broker", polling_interval=env_float("EXECGO_BROKER_POLL_S", 0.05))
 else:
-    # Longer than the longest task, or Redis redelivers it while it runs.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 4 * 3600)}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Longer than the longest task, or Redis redelivers it while it runs.
+        "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 4 * 3600),
+        # A publish whose broker is down gives up after one immediate reconnect
+        # (kombu's default retries for about 6 s, and a submit waited that
+        # long): what it sends is in the dispatch outbox, relayed once the
+        # broker is back (runs/dispatch.py). A worker's consumer reconnects
+        # with its own retries (broker_connection_max_retries).
+        "max_retries": 1, "interval_start": 0,
+    }
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

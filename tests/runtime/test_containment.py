@@ -287,7 +287,7 @@ def test_a_fork_bomb_in_a_default_step_stays_bounded(iteration):
     sampler.start()
     try:
         result = executor.execute(handle_id, tool="shell", params={"argv": [SYSTEM_PYTHON, "-c", FORK_BOMB]},
-                                  timeout_s=2, attempt=1, plan=plan)
+                                  timeout_s=1, attempt=1, plan=plan)
     finally:
         done.set()
         sampler.join()
