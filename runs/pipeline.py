@@ -45,6 +45,8 @@ def run_advance(run_id: int) -> Claim | None:
         if advanced is not _PLAN_OUTSIDE:
             return advanced
         run = Run.objects.filter(pk=run_id).first()
+        if run is None:  # deleted since (its tenant removed): nothing to plan
+            return None
         try:
             _plan(run)
         except TransitionLost as lost:
