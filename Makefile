@@ -62,7 +62,7 @@ test-deps:
 
 ## pytest-xdist: each worker process has a database, data directory, Redis
 ## databases and sandbox uids of its own (tests/settings.py).
-PYTEST_WORKERS ?= 6
+PYTEST_WORKERS ?= 4
 PYTEST := $(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=30
 
 test-sqlite: $(STAMP)
