@@ -97,7 +97,10 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
 
 
 def _run_summary(run: Run) -> dict:
-    transitions = list(run.traces.filter(kind=TraceKind.TRANSITION).values_list("to_state", "created_at"))
+    traces = list(run.traces.filter(kind__in=(TraceKind.TRANSITION, TraceKind.POLICY_DECISION,
+                                              TraceKind.HITL_DECISION))
+                  .values_list("kind", "to_state", "created_at", "id"))  # in order (Trace.Meta.ordering)
+    transitions = [(state, at) for kind, state, at, _id in traces if kind == TraceKind.TRANSITION]
     stages = {}
     for (state, entered), (_next, left) in zip(transitions, transitions[1:]):
         stages[state] = round((left - entered).total_seconds() * 1000, 3)
@@ -108,6 +111,6 @@ def _run_summary(run: Run) -> dict:
         "total_ms": round((timezone.now() - run.created_at).total_seconds() * 1000, 3),
         "steps": steps,
         "attempts": sum(step["attempt"] for step in steps),
-        "policy_traces": list(run.traces.filter(kind=TraceKind.POLICY_DECISION).values_list("id", flat=True)),
-        "hitl_traces": list(run.traces.filter(kind=TraceKind.HITL_DECISION).values_list("id", flat=True)),
+        "policy_traces": [pk for kind, _state, _at, pk in traces if kind == TraceKind.POLICY_DECISION],
+        "hitl_traces": [pk for kind, _state, _at, pk in traces if kind == TraceKind.HITL_DECISION],
     }
