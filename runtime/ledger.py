@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
@@ -167,11 +167,36 @@ def release(handle_id: str, *, only_mine: bool = False) -> bool:
     """Give back handle_id's reservation; False if there was none (already
     released). ``only_mine``: only if this process owns it (a claim that
     lost its race must not give back the winner's slot)."""
+    owner = current_owner()[0] if only_mine else None
+    if connections[Reservation.objects.db].vendor == "postgresql":
+        return _give_back_at_once(handle_id, owner)
     rows = Reservation.objects.filter(handle_id=handle_id)
     if only_mine:
-        rows = rows.filter(owner_pid=current_owner()[0])
+        rows = rows.filter(owner_pid=owner)
     row = rows.first()
     return row is not None and _give_back(row)
+
+
+def _give_back_at_once(handle_id: str, owner: int | None) -> bool:
+    """``release`` in one statement on PostgreSQL: the row deleted in a
+    data-modifying WITH, its amounts given back by the UPDATE that reads
+    what the DELETE returned (a concurrent release deletes nothing and so
+    gives back nothing)."""
+    connection = connections[Reservation.objects.db]
+    quote = connection.ops.quote_name
+    reservation, capacity = Reservation._meta, HostCapacity._meta
+    column = {name: quote(reservation.get_field(name).column) for name in ("handle_id", "owner_pid", "host", *COUNTERS)}
+    mine = f" AND {column['owner_pid']} = %s" if owner is not None else ""
+    given = ", ".join(f"{quote(capacity.get_field(f'{name}_reserved').column)} = "
+                      f"h.{quote(capacity.get_field(f'{name}_reserved').column)} - gone.{column[name]}"
+                      for name in COUNTERS)
+    sql = (f"WITH gone AS (DELETE FROM {quote(reservation.db_table)} WHERE {column['handle_id']} = %s{mine} "
+           f"RETURNING {column['host']}, {', '.join(column[name] for name in COUNTERS)}) "
+           f"UPDATE {quote(capacity.db_table)} AS h SET {given} FROM gone "
+           f"WHERE h.{quote(capacity.pk.column)} = gone.{column['host']}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [handle_id] if owner is None else [handle_id, owner])
+        return cursor.rowcount > 0
 
 
 def _give_back(row: Reservation) -> bool:

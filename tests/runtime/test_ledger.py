@@ -104,6 +104,18 @@ def test_release_is_idempotent_and_reserve_too(host):
     assert counters(host) == (0, 0, 0)
 
 
+def test_a_release_of_only_mine_leaves_another_process_s_reservation(host):
+    ledger.reserve(host, "mine", slots=1, memory_bytes=MIB, pids=2)
+    ledger.reserve(host, "theirs", slots=2, memory_bytes=2 * MIB, pids=4)
+    Reservation.objects.filter(handle_id="theirs").update(owner_pid=1)  # held by another process
+    assert ledger.release("theirs", only_mine=True) is False
+    assert ledger.release("mine", only_mine=True) is True
+    assert list(Reservation.objects.values_list("handle_id", flat=True)) == ["theirs"]
+    assert counters(host) == (2, 2 * MIB, 4)
+    assert ledger.release("theirs") is True
+    assert counters(host) == (0, 0, 0)
+
+
 def test_concurrent_releases_give_back_once(host):
     ledger.reserve(host, "twice", slots=3)
     results = []
