@@ -108,9 +108,10 @@ def main() -> None:
     per_step = [len(by_phase[f"s{i}"]) for i in range(1, args.steps - 1)]
     print(f"one run of {args.steps} sequential `true` steps ({os.environ['DATABASE_URL'].split(':')[0]}): "
           f"{run.state}, {started} steps started")
+    between = (f"median {statistics.median(per_step):.0f} (min {min(per_step)}, max {max(per_step)})" if per_step
+               else "none here")
     print(f"  queries: submit {len(by_phase['submit'])}, stages to the first step's start "
-          f"{len(by_phase['stages'])}, a step in between (result, next start) median "
-          f"{statistics.median(per_step):.0f} (min {min(per_step)}, max {max(per_step)}), the last step and "
+          f"{len(by_phase['stages'])}, a step in between (result, next start) {between}, the last step and "
           f"the close {len(by_phase[f's{args.steps - 1}'])}; all "
           f"{sum(len(queries) for queries in by_phase.values())}")
     if args.show:
