@@ -61,8 +61,8 @@ _PLAN_OUTSIDE = object()
 def _advance(run_id: int, events: list[Event]):
     """The stages, in the caller's transaction; ``events``: what they emitted
     so far, held to be written at its end (``outbox.written_at_the_end``)."""
+    run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
     while True:
-        run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
         if run is None or run.is_final:
             return None
         if run.state == S.EXECUTING:
@@ -80,36 +80,39 @@ def _advance(run_id: int, events: list[Event]):
             return None
         emitted = len(events)
         try:
-            stage(run)
+            moved = stage(run)
         except TransitionLost as lost:
             del events[emitted:]  # the stage's writes were rolled back with its savepoint
             logger.info("run %s: %s; another writer drives it", run_id, lost)
             return None
+        # The run as the stage's last transition saved it, read under the row
+        # lock this transaction holds from then on: no other writer can have
+        # moved it since (a cancel waits for the commit).
+        run = moved if moved is not None else Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()
 
 
-def _prepare(run: Run) -> None:
+def _prepare(run: Run) -> Run:
     try:
         assembled = assemble_context(run)
     except ExecGoError as exc:
-        run_transition(run, S.FAILED, expected=S.PREPARING,
-                       message=exc.envelope["message"],
-                       trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, exc.envelope["details"], error=exc.envelope))
-        return
+        return run_transition(run, S.FAILED, expected=S.PREPARING,
+                              message=exc.envelope["message"],
+                              trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, exc.envelope["details"],
+                                                error=exc.envelope))
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).update(context=assembled.context)
-        run_transition(run, S.PLANNING, expected=S.PREPARING,
-                       trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, assembled.trace))
+        return run_transition(run, S.PLANNING, expected=S.PREPARING,
+                              trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, assembled.trace))
 
 
-def _plan(run: Run) -> None:
+def _plan(run: Run) -> Run:
     try:
         steps, trace_data = plan_run(run)
     except PlanningFailed as failure:
-        run_transition(run, S.TIMEOUT if failure.timed_out else S.FAILED, expected=S.PLANNING,
-                       message=failure.envelope["message"],
-                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", **failure.trace_data},
-                                         error=failure.envelope))
-        return
+        return run_transition(run, S.TIMEOUT if failure.timed_out else S.FAILED, expected=S.PLANNING,
+                              message=failure.envelope["message"],
+                              trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", **failure.trace_data},
+                                                error=failure.envelope))
     now = timezone.now()
     with transaction.atomic():
         if run.planner != "static":  # keep what the planner produced with the run
@@ -123,18 +126,18 @@ def _plan(run: Run) -> None:
         emit([Event(type=EventType.TASK_SUBMITTED, run=run, task_id=step.step_id, timestamp=now,
                     message=f"{step.tool} step submitted", data={"depends_on": step.depends_on})
               for step in created])
-        run_transition(run, S.POLICY_CHECK, expected=S.PLANNING,
-                       trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "steps": len(steps),
-                                                                      **trace_data}))
+        return run_transition(run, S.POLICY_CHECK, expected=S.PLANNING,
+                              trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "steps": len(steps),
+                                                                             **trace_data}))
 
 
-def _check_policy(run: Run) -> None:
+def _check_policy(run: Run) -> Run:
     decision = evaluate_policy(run)
     trace = TraceRecord(TraceKind.POLICY_DECISION, decision.data, error=decision.error)
     if decision.rejected:
-        run_transition(run, S.REJECTED, expected=S.POLICY_CHECK, trace=trace,
-                       message=decision.error["message"] if decision.error else "rejected by policy")
-    elif decision.risk == "high":
+        return run_transition(run, S.REJECTED, expected=S.POLICY_CHECK, trace=trace,
+                              message=decision.error["message"] if decision.error else "rejected by policy")
+    if decision.risk == "high":
         with transaction.atomic():
             bind_rated_plans(run.pk, decision.data)  # before the request (its digest binds them) or a grant's match
             granted = approvals.covering_grants(run, decision.data)
@@ -144,16 +147,16 @@ def _check_policy(run: Run) -> None:
             # Persisted before waiting: execution resumes from it after approval.
             Run.objects.filter(pk=run.pk).update(context={**run.context, "policy": decision.data})
             if granted is not None:
-                run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+                moved = run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
                 audit(AuditEvent.GRANT_APPLIED, run_id=run.pk, tenant_id=run.tenant_id, caller="hitl controller",
                       from_state=S.POLICY_CHECK, to_state=S.EXECUTING, data={"grants": granted})
             else:
-                run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
+                moved = run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
                 _request_approval(run, decision.data)
-    else:
-        with transaction.atomic():
-            bind_rated_plans(run.pk, decision.data)
-            run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+            return moved
+    with transaction.atomic():
+        bind_rated_plans(run.pk, decision.data)
+        return run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
 
 
 def _request_approval(run: Run, decision: dict) -> None:
@@ -175,8 +178,8 @@ def _request_approval(run: Run, decision: dict) -> None:
                        url=run.callback_url, run_id=run.pk, tenant_id=run.tenant_id)
 
 
-def _close(run: Run) -> None:
-    run_close(run.pk)
+def _close(run: Run) -> Run | None:
+    return run_close(run.pk)
 
 
 STAGES = {

@@ -177,13 +177,13 @@ def test_approval_resumes_execution(matrix_worker, seeded_policy, echo_pip_insta
     assert run.state == "SUCCEEDED"
     assert path(run)[-4:] == ["AWAITING_HITL", "EXECUTING", "TRACING", "SUCCEEDED"]
     assert AuditLog.objects.get(run=run, event="approval_approved").actor == approver
-    # The closing trace sums the run up, naming its policy and human decisions.
+    # The closing trace sums the run up, naming its policy and human decisions (jsonb keeps no key order).
     summary = run.traces.get(kind="run", to_state="SUCCEEDED").data
     ids = {kind: list(run.traces.filter(kind=kind).values_list("id", flat=True))
            for kind in ("policy_decision", "hitl_decision")}
     assert ids["policy_decision"] and ids["hitl_decision"]
     assert (summary["policy_traces"], summary["hitl_traces"]) == (ids["policy_decision"], ids["hitl_decision"])
-    assert list(summary["stage_ms"]) == path(run)[:-2] and all(ms >= 0 for ms in summary["stage_ms"].values())
+    assert sorted(summary["stage_ms"]) == sorted(path(run)[:-2]) and all(ms >= 0 for ms in summary["stage_ms"].values())
     assert summary["steps"] == [{"step_id": "prep", "status": "success", "attempt": 1},
                                 {"step_id": "install", "status": "success", "attempt": 1}]
     assert (summary["attempts"], summary["closing_cause"]) == (2, "succeeded")
