@@ -10,7 +10,8 @@ import re
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from policy.models import PolicyRule, PolicyVersion, TenantPolicyVersion
@@ -32,10 +33,18 @@ GLOBAL_VERSION = 1  # the pk of the global rules' version row
 def current_policy_version(tenant_id: int | None = None) -> int:
     """The version of the policy that rates ``tenant_id``'s runs (the
     global rules and its own); of the global rules alone for None."""
+    rows = PolicyVersion.objects.filter(pk=GLOBAL_VERSION)
+    if tenant_id is not None:  # the tenant's row where it has one, else the global: one query
+        own = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values("version")[:1]
+        rows = rows.annotate(effective=Coalesce(Subquery(own), F("version")))
+    version = rows.values_list("effective" if tenant_id is not None else "version", flat=True).first()
+    if version is not None:
+        return version
+    # No global row yet (a new database): made here, as every rule change makes it first.
     if tenant_id is not None:
-        version = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values_list("version", flat=True).first()
-        if version is not None:
-            return version
+        own_version = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values_list("version", flat=True).first()
+        if own_version is not None:
+            return own_version
     return PolicyVersion.objects.get_or_create(pk=GLOBAL_VERSION)[0].version
 
 
