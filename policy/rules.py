@@ -33,19 +33,21 @@ GLOBAL_VERSION = 1  # the pk of the global rules' version row
 def current_policy_version(tenant_id: int | None = None) -> int:
     """The version of the policy that rates ``tenant_id``'s runs (the
     global rules and its own); of the global rules alone for None."""
+    version = _effective_version(tenant_id)
+    if version is None:  # no global row yet (a new database): made here, as every rule change makes it first
+        PolicyVersion.objects.get_or_create(pk=GLOBAL_VERSION)
+        version = _effective_version(tenant_id)
+    return version
+
+
+def _effective_version(tenant_id: int | None) -> int | None:
+    """One query: the tenant's own version where it has one, else the
+    global one; None while the global row does not exist."""
     rows = PolicyVersion.objects.filter(pk=GLOBAL_VERSION)
-    if tenant_id is not None:  # the tenant's row where it has one, else the global: one query
-        own = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values("version")[:1]
-        rows = rows.annotate(effective=Coalesce(Subquery(own), F("version")))
-    version = rows.values_list("effective" if tenant_id is not None else "version", flat=True).first()
-    if version is not None:
-        return version
-    # No global row yet (a new database): made here, as every rule change makes it first.
-    if tenant_id is not None:
-        own_version = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values_list("version", flat=True).first()
-        if own_version is not None:
-            return own_version
-    return PolicyVersion.objects.get_or_create(pk=GLOBAL_VERSION)[0].version
+    if tenant_id is None:
+        return rows.values_list("version", flat=True).first()
+    own = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values("version")[:1]
+    return rows.annotate(effective=Coalesce(Subquery(own), F("version"))).values_list("effective", flat=True).first()
 
 
 def validate_rule_pattern(pattern: str) -> re.Pattern:
