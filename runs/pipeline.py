@@ -26,6 +26,7 @@ from runs.settle import executing_started, run_settle
 from runs.statemachine import RunState
 from runs.transitions import TraceRecord, TransitionLost, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
+from runtime import statements
 
 S = RunState
 logger = logging.getLogger(__name__)
@@ -40,8 +41,16 @@ def run_advance(run_id: int) -> Claim | None:
     still recorded, projected and audited on its own). A planner that calls
     out (``llm``) is called between two such transactions, never inside one."""
     while True:
-        with transaction.atomic(), written_at_the_end() as events:
-            advanced = _advance(run_id, events)
+        try:
+            with transaction.atomic(), written_at_the_end():
+                advanced = _advance(run_id)
+        except TransitionLost as lost:
+            # Lost only by the first stage: from its first transition on the
+            # transaction holds the run's row lock (SQLite: its write lock),
+            # and no writer can move the run. So nothing of this transaction
+            # is worth keeping, and the stages' blocks need no savepoints.
+            logger.info("run %s: %s; another writer drives it", run_id, lost)
+            return None
         if advanced is not _PLAN_OUTSIDE:
             return advanced
         run = Run.objects.filter(pk=run_id).first()
@@ -58,9 +67,11 @@ def run_advance(run_id: int) -> Claim | None:
 _PLAN_OUTSIDE = object()
 
 
-def _advance(run_id: int, events: list[Event]):
-    """The stages, in the caller's transaction; ``events``: what they emitted
-    so far, held to be written at its end (``outbox.written_at_the_end``)."""
+def _advance(run_id: int):
+    """The stages, in the caller's transaction (the events they emit are
+    held to be written at its end: ``outbox.written_at_the_end``). A stage
+    that loses its run to another writer raises ``TransitionLost`` out of
+    the transaction."""
     run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
     while True:
         if run is None or run.is_final:
@@ -78,13 +89,7 @@ def _advance(run_id: int, events: list[Event]):
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
             return None
-        emitted = len(events)
-        try:
-            moved = stage(run)
-        except TransitionLost as lost:
-            del events[emitted:]  # the stage's writes were rolled back with its savepoint
-            logger.info("run %s: %s; another writer drives it", run_id, lost)
-            return None
+        moved = stage(run)
         # The run as the stage's last transition saved it, read under the row
         # lock this transaction holds from then on: no other writer can have
         # moved it since (a cancel waits for the commit).
@@ -99,7 +104,7 @@ def _prepare(run: Run) -> Run:
                               message=exc.envelope["message"],
                               trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, exc.envelope["details"],
                                                 error=exc.envelope))
-    with transaction.atomic():
+    with statements.in_transaction():
         Run.objects.filter(pk=run.pk).update(context=assembled.context)
         return run_transition(run, S.PLANNING, expected=S.PREPARING,
                               trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, assembled.trace))
@@ -114,7 +119,7 @@ def _plan(run: Run) -> Run:
                               trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", **failure.trace_data},
                                                 error=failure.envelope))
     now = timezone.now()
-    with transaction.atomic():
+    with statements.in_transaction():
         if run.planner != "static":  # keep what the planner produced with the run
             Run.objects.filter(pk=run.pk).update(plan={"steps": steps})
         created = Step.objects.bulk_create(
@@ -138,7 +143,7 @@ def _check_policy(run: Run) -> Run:
         return run_transition(run, S.REJECTED, expected=S.POLICY_CHECK, trace=trace,
                               message=decision.error["message"] if decision.error else "rejected by policy")
     if decision.risk == "high":
-        with transaction.atomic():
+        with statements.in_transaction():
             bind_rated_plans(run.pk, decision.data)  # before the request (its digest binds them) or a grant's match
             granted = approvals.covering_grants(run, decision.data)
             if granted is not None:  # every high-risk step allowed again by an approver: no wait
@@ -154,7 +159,7 @@ def _check_policy(run: Run) -> Run:
                 moved = run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
                 _request_approval(run, decision.data)
             return moved
-    with transaction.atomic():
+    with statements.in_transaction():
         bind_rated_plans(run.pk, decision.data)
         return run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
 

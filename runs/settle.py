@@ -17,7 +17,6 @@ shim can set up its sandbox meanwhile (``runs.execution``).
 
 from dataclasses import dataclass, replace
 
-from django.db import transaction
 from django.utils import timezone
 
 from runs.closing import run_close
@@ -39,6 +38,7 @@ from runs.statemachine import RunState
 from runs.step_lifecycle import IN_FLIGHT, NO_ATTEMPT, step_set
 from runs.steps import skip_pending
 from runs.transitions import TraceRecord, lock_run, run_transition
+from runtime import statements
 from runtime.envelopes import EnvelopeError
 
 S = RunState
@@ -95,7 +95,7 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", call
     other ready steps are enqueued after commit. ``caller``: who the audit
     row names if this settle times the run out (the run's timer, the
     deadline scan); the edge's own caller otherwise."""
-    with transaction.atomic():
+    with statements.in_transaction():  # no savepoint in the stages' transaction
         run = lock_run(run_id)
         claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller)
     if close:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
@@ -101,7 +100,11 @@ def run_transition(
     data = data or {}
     attempt = _Attempt(source=expected or "", caller=caller)
     try:
-        with transaction.atomic():
+        # Inside the caller's transaction no savepoint: ``_move`` raises
+        # every refusal and every lost race before it writes anything (the
+        # run's UPDATE, filtered on the state it read, is its first write and
+        # its last check), so the caller's transaction is left as it was.
+        with statements.in_transaction():
             return _move(run_id, target, attempt, expected=expected, actor=actor, forced_by=forced_by,
                          message=message, data=data, trace=trace)
     except InvalidTransitionError as exc:
@@ -155,9 +158,15 @@ def _move(run_id: int, target: RunState, attempt: _Attempt, *, expected: str | N
         run.finished_at = now
     run.previous_state = source
     run.last_state_change_at = now
-    # Only the machine's own columns: a full save would write back a
-    # cancel request stored by another transaction since our read.
-    run.save(update_fields=TRANSITION_FIELDS)
+    # Only the machine's own columns (a full save would write back a cancel
+    # request stored by another transaction since our read), and only if the
+    # run is still in the state read: django-fsm's optimistic lock, without
+    # ``save()``, which would mark the caller's transaction for rollback when
+    # the lock fails.
+    if not Run.objects.filter(pk=run_id, state=source).update(
+            **{name: getattr(run, name) for name in TRANSITION_FIELDS}):
+        raise ConcurrentTransition(f"expected {source}, the run has moved on")
+    run._update_initial_state()  # as save() does: a later save of this copy expects the new state
 
     transition_data = {"caller": caller, **({"forced_by": forced_by} if forced_by else {}), **data}
     traces = [Trace(run=run, kind=TraceKind.TRANSITION, from_state=source, to_state=target, data=transition_data)]

@@ -2,19 +2,24 @@
 included (runs/pipeline.py; docs/stages.md#driving-a-run): each transition
 still has its own trace, event and audit row; an llm planner is called
 between two transactions; a failure in a stage rolls the stages back and
-the run is driven again from where it was.
+the run is driven again from where it was. Inside that transaction a
+transition takes no savepoint: a refused or lost one has written nothing,
+and leaves the caller's transaction going.
 """
 
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.conf import settings
+from django.db import connection, connections, transaction
 
 import runs.pipeline
+import runs.transitions
 from runs.execution import execute_claims
 from runs.models import AuditLog, Event, EventType, Run, Trace
 from runs.pipeline import run_advance
 from runs.services import run_submit
+from runs.transitions import InvalidTransitionError, TransitionLost, run_transition
 from tests.conftest import simple_plan
 from tests.runs.test_llm_planner import GOAL, VALID_PLAN, plan_reply, serving_planner
 
@@ -128,3 +133,91 @@ def test_a_failure_inside_a_stage_rolls_the_stages_back_and_the_run_is_driven_ag
     execute_claims(run_advance(run_id))
     assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
     recorded_per_transition(run_id)
+
+
+def test_the_stages_take_no_savepoint_but_the_ledger_s(tenant, agent):
+    """Two round trips a block saved: only the slot's reservation, which
+    catches a concurrent reserve of the same handle, keeps its savepoint."""
+    first = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
+    execute_claims(run_advance(first))  # its step registers this host's capacity (a savepoint of its own)
+    run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
+    sent = []
+
+    def recording(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(recording):
+        claim = run_advance(run_id)
+    savepoints = [sql.split()[0] for sql in sent if "SAVEPOINT" in sql.upper()]
+    assert savepoints == ["SAVEPOINT", "RELEASE"], savepoints
+    recorded_per_transition(run_id)
+    execute_claims(claim)
+    assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
+
+
+def moving_it_first(monkeypatch, move) -> None:
+    """Another writer moves the run after a transition has read it and
+    before it writes (``move``, once)."""
+    real, calls = runs.transitions.is_legal, []
+
+    def racing(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            move()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs.transitions, "is_legal", racing)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "audit"])
+def test_a_refused_or_lost_transition_leaves_the_caller_s_transaction_going(make_run, monkeypatch):
+    run = make_run("CREATED", title="before")
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(title="kept")
+        with pytest.raises(TransitionLost):
+            run_transition(run, "PLANNING", expected="PREPARING")  # it is CREATED
+        with pytest.raises(InvalidTransitionError):
+            run_transition(run, "SUCCEEDED")
+        # The optimistic lock: the run moved between the read and the write.
+        moving_it_first(monkeypatch, lambda: Run.objects.filter(pk=run.pk).update(state="PREPARING"))
+        with pytest.raises(TransitionLost) as lost:
+            run_transition(run, "PREPARING", expected="CREATED")
+        assert lost.value.current == "PREPARING"
+        monkeypatch.undo()
+        moved = run_transition(run, "PLANNING", expected="PREPARING")  # the transaction goes on
+    assert moved.state == "PLANNING"
+    assert Run.objects.values_list("state", "title").get(pk=run.pk) == ("PLANNING", "kept")
+    events = list(AuditLog.objects.filter(run_id=run.pk).values_list("event", flat=True))
+    assert events.count("transition_lost") == 2 and events.count("invalid_transition") == 1, events
+    assert Trace.objects.filter(run_id=run.pk, kind="transition").count() == 1  # none of the refused ones
+
+
+@pytest.mark.skipif(settings.IS_SQLITE, reason="SQLite's stages hold the write lock from their first read")
+@pytest.mark.django_db(transaction=True, databases=["default", "audit"])
+def test_a_run_moved_by_another_writer_before_the_first_stage_writes_is_left_to_it(tenant, agent, monkeypatch):
+    """The first stage reads the run without a lock; a writer that moves it
+    before the stage's first write wins, and the stages' transaction rolls
+    back whole (nothing of it was written before the lost transition)."""
+    run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
+
+    def another_writer():
+        try:
+            run_transition(run_id, "PREPARING", expected="CREATED", caller="another worker")
+        finally:
+            connections.close_all()
+
+    def move():
+        writer = threading.Thread(target=another_writer)
+        writer.start()
+        writer.join()
+
+    moving_it_first(monkeypatch, move)
+    assert run_advance(run_id) is None
+    assert Run.objects.get(pk=run_id).state == "PREPARING"
+    assert list(Trace.objects.filter(run_id=run_id, kind="transition").values_list("to_state", "data__caller")) == [
+        ("PREPARING", "another worker")]
+    assert AuditLog.objects.filter(run_id=run_id, event="transition_lost", to_state="PREPARING").count() == 1
+    monkeypatch.undo()
+    execute_claims(run_advance(run_id))  # the task delivered again drives it on
+    assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
