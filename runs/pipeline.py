@@ -78,7 +78,7 @@ def _advance(run_id: int):
             return None
         if run.state == S.EXECUTING:
             executing_started(run)
-            return run_settle(run_id, claim_one=True)
+            return run_settle(run_id, claim_one=True, warm_first=True)
         if run.state == S.AWAITING_HITL and run.cancel_requested_at is not None:
             # A cancel requested before the run reached its first state with a
             # CANCELLED edge is applied here, not left for the approver.

@@ -28,6 +28,7 @@ from runs.dataplane import (
     release_reservation,
     reserve_slot,
     resolve_step_plan,
+    warm_shim,
     weaker_than_rated,
 )
 from runs.dispatch import Claim, enqueue_claims, enqueue_settle
@@ -64,11 +65,14 @@ class Forecast:
     plan: dict
 
 
-def forecast_next(finished: Step, steps: list[Step]) -> tuple[Step, Forecast] | None:
+def forecast_next(finished: Step | None, steps: list[Step]) -> tuple[Step, Forecast] | None:
     """What settle will start here once ``finished`` (the only step in
-    flight, of ``steps``) is recorded as succeeded: the first ready step, as
-    in ``settle_locked``, if this worker may run it."""
-    done = {step.step_id for step in steps if step.status == StepStatus.SUCCESS} | {finished.step_id}
+    flight, of ``steps``) is recorded as succeeded, or first when None (the
+    run is entering EXECUTING): the first ready step, as in
+    ``settle_locked``, if this worker may run it."""
+    done = {step.step_id for step in steps if step.status == StepStatus.SUCCESS}
+    if finished is not None:
+        done.add(finished.step_id)
     following = next((step for step in steps if step.status == StepStatus.PENDING and not step.run_status
                       and all(dep in done for dep in step.depends_on)), None)
     plan = _local_plan(following) if following is not None else None
@@ -87,17 +91,36 @@ def executing_started(run: Run) -> None:
     enqueue_settle(run.pk, countdown=remaining + 0.5, expires=remaining + 60)
 
 
-def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None) -> Claim | None:
+def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None,
+               warm_first: bool = False) -> Claim | None:
     """Decide the run's next move. With ``claim_one``, one ready step that
     may run here is started at once for the caller to execute in-process
     (saving a broker round trip and a transaction on a sequential plan),
     taking over the reservation of the ``handover`` handle when it can; the
     other ready steps are enqueued after commit. ``caller``: who the audit
     row names if this settle times the run out (the run's timer, the
-    deadline scan); the edge's own caller otherwise."""
-    with statements.in_transaction():  # no savepoint in the stages' transaction
-        run = lock_run(run_id)
-        claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller)
+    deadline scan); the edge's own caller otherwise. ``warm_first`` (the
+    run has just entered EXECUTING): the step to be started here is
+    forecast, and its shim forked with its sandbox pre-started while this
+    transaction dispatches it and commits (the claim carries the spare)."""
+    spare = forecast = None
+    try:
+        with statements.in_transaction():  # no savepoint in the stages' transaction
+            run = lock_run(run_id)
+            steps = None
+            if warm_first and claim_one and run is not None and run.state == S.EXECUTING:
+                steps = list(Step.objects.filter(run_id=run_id).only(*SETTLE_STEP_FIELDS))
+                first, forecast = forecast_next(None, steps) or (None, None)
+                if first is not None:
+                    spare = warm_shim(first, following=first, handle_id=forecast.handle_id, plan=forecast.plan)
+            claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller,
+                                         steps=steps, forecast=forecast)
+        if spare is not None and claim is not None and claim.started is not None \
+                and claim.started.handle_id == forecast.handle_id:
+            claim, spare = replace(claim, spare=spare), None
+    finally:
+        if spare is not None:
+            spare.close()  # not started here: an unused spare exits, its sandbox never runs anything
     if close:
         run_close(run_id)
     return claim

@@ -1,7 +1,8 @@
 """A sequential chain starts each next step in a spare shim, forked while
 the previous step ran and its result was being recorded, with the next
-step's sandbox set up there ahead (pre-started); a spare that no step
-takes never outlives the chain, and never runs the step it was told of."""
+step's sandbox set up there ahead (pre-started), and its first step in one
+forked while the stages dispatched it; a spare that no step takes never
+outlives the chain, and never runs the step it was told of."""
 
 import json
 import threading
@@ -11,6 +12,7 @@ import psutil
 import pytest
 from django.utils import timezone
 
+import runs.settle
 from runs.execution import execute_claims, step_finish
 from runs.models import Run, Step, StepStatus
 from runs.pipeline import run_advance
@@ -31,6 +33,8 @@ def shims_of_the_fork_server() -> list[psutil.Process]:
 
 
 def test_each_next_step_of_a_chain_starts_in_a_spare(tenant, agent):
+    # Up, as a worker's earlier steps left it (a spare never starts the server).
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
     run = run_submit(tenant=tenant, user=agent, plan=simple_plan(*[["true"]] * 5)).run
 
     execute_claims(run_advance(run.pk))
@@ -38,10 +42,11 @@ def test_each_next_step_of_a_chain_starts_in_a_spare(tenant, agent):
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
     started = [json.loads((layout.task_dir(handle) / "launch.json").read_text())["via"]
                for handle in Step.objects.filter(run=run).order_by("position").values_list("handle_id", flat=True)]
-    assert started[1:] == ["spare"] * 4  # the first step's shim was forked on demand
+    # The first step's too: forked while the stages' transaction dispatched it and committed.
+    assert started == ["spare"] * 5
     if capability_manifest()["bubblewrap"]["available"]:  # the default profile is linux_sandbox: pre-started
         assert [step.result["details"]["started_by"] for step in Step.objects.filter(run=run).order_by("position")
-                ][1:] == ["prestart"] * 4
+                ] == ["prestart"] * 5
     wait_until(lambda: shims_of_the_fork_server() == [], what="every shim and spare gone")
 
 
@@ -117,3 +122,30 @@ def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_
     assert Run.objects.get(pk=run.pk).state == "CLOSED_CANCELLED"
     assert Step.objects.get(pk=second.pk).status == StepStatus.SKIPPED
     wait_until(lambda: shims_of_the_fork_server() == [], what="the unused spare gone")
+
+
+@needs_bubblewrap
+def test_a_first_step_pre_started_but_not_started_here_never_runs(tenant, agent, monkeypatch):
+    """The first step's spare is forked before the stages' transaction
+    decides; a run that the decision ends instead (a cancel stored while it
+    was checked) closes the spare, and its command never starts."""
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
+    marker = str(uuid.uuid4().int % 10**9)
+    run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["sleep", f"600.{marker}"])).run
+    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
+    real, warmed = runs.settle.warm_shim, []
+
+    def warming(*args, **kwargs):
+        spare = real(*args, **kwargs)
+        warmed.append(spare)
+        return spare
+
+    monkeypatch.setattr(runs.settle, "warm_shim", warming)
+
+    assert run_advance(run.pk) is None
+
+    assert len(warmed) == 1 and warmed[0] is not None  # the spare was made, then not used
+    assert Run.objects.get(pk=run.pk).state == "CLOSED_CANCELLED"
+    assert Step.objects.get(run=run).status == StepStatus.SKIPPED
+    wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
+    assert commands_named(marker) == []
