@@ -73,6 +73,7 @@ def _advance(run_id: int):
     that loses its run to another writer raises ``TransitionLost`` out of
     the transaction."""
     run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
+    held = False  # the run's row lock, taken by the first stage's transition
     while True:
         if run is None or run.is_final:
             return None
@@ -89,32 +90,34 @@ def _advance(run_id: int):
         stage = STAGES.get(run.state)
         if stage is None:  # AWAITING_HITL: a human or the expiry moves it
             return None
-        moved = stage(run)
-        # The run as the stage's last transition saved it, read under the row
-        # lock this transaction holds from then on: no other writer can have
-        # moved it since (a cancel waits for the commit).
+        moved = stage(run, held)
+        # The run as the stage's last transition saved it, under the row lock
+        # this transaction holds from then on: no other writer can have moved
+        # it since (a cancel waits for the commit), and the next stage's
+        # transition moves this copy without reading the run again.
+        held = True
         run = moved if moved is not None else Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()
 
 
-def _prepare(run: Run) -> Run:
+def _prepare(run: Run, held: bool) -> Run:
     try:
         assembled = assemble_context(run)
     except ExecGoError as exc:
-        return run_transition(run, S.FAILED, expected=S.PREPARING,
+        return run_transition(run, S.FAILED, expected=S.PREPARING, held=held,
                               message=exc.envelope["message"],
                               trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, exc.envelope["details"],
                                                 error=exc.envelope))
     with statements.in_transaction():
         Run.objects.filter(pk=run.pk).update(context=assembled.context)
-        return run_transition(run, S.PLANNING, expected=S.PREPARING,
+        return run_transition(run, S.PLANNING, expected=S.PREPARING, held=held,
                               trace=TraceRecord(TraceKind.MEMORY_RETRIEVE, assembled.trace))
 
 
-def _plan(run: Run) -> Run:
+def _plan(run: Run, held: bool = False) -> Run:
     try:
         steps, trace_data = plan_run(run)
     except PlanningFailed as failure:
-        return run_transition(run, S.TIMEOUT if failure.timed_out else S.FAILED, expected=S.PLANNING,
+        return run_transition(run, S.TIMEOUT if failure.timed_out else S.FAILED, expected=S.PLANNING, held=held,
                               message=failure.envelope["message"],
                               trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", **failure.trace_data},
                                                 error=failure.envelope))
@@ -131,16 +134,16 @@ def _plan(run: Run) -> Run:
         emit([Event(type=EventType.TASK_SUBMITTED, run=run, task_id=step.step_id, timestamp=now,
                     message=f"{step.tool} step submitted", data={"depends_on": step.depends_on})
               for step in created])
-        return run_transition(run, S.POLICY_CHECK, expected=S.PLANNING,
+        return run_transition(run, S.POLICY_CHECK, expected=S.PLANNING, held=held,
                               trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "steps": len(steps),
                                                                              **trace_data}))
 
 
-def _check_policy(run: Run) -> Run:
+def _check_policy(run: Run, held: bool) -> Run:
     decision = evaluate_policy(run)
     trace = TraceRecord(TraceKind.POLICY_DECISION, decision.data, error=decision.error)
     if decision.rejected:
-        return run_transition(run, S.REJECTED, expected=S.POLICY_CHECK, trace=trace,
+        return run_transition(run, S.REJECTED, expected=S.POLICY_CHECK, held=held, trace=trace,
                               message=decision.error["message"] if decision.error else "rejected by policy")
     if decision.risk == "high":
         with statements.in_transaction():
@@ -152,16 +155,16 @@ def _check_policy(run: Run) -> Run:
             # Persisted before waiting: execution resumes from it after approval.
             Run.objects.filter(pk=run.pk).update(context={**run.context, "policy": decision.data})
             if granted is not None:
-                moved = run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+                moved = run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, held=held, trace=trace)
                 audit(AuditEvent.GRANT_APPLIED, run_id=run.pk, tenant_id=run.tenant_id, caller="hitl controller",
                       from_state=S.POLICY_CHECK, to_state=S.EXECUTING, data={"grants": granted})
             else:
-                moved = run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, trace=trace)
+                moved = run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, held=held, trace=trace)
                 _request_approval(run, decision.data)
             return moved
     with statements.in_transaction():
         bind_rated_plans(run.pk, decision.data)
-        return run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, trace=trace)
+        return run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, held=held, trace=trace)
 
 
 def _request_approval(run: Run, decision: dict) -> None:
@@ -183,12 +186,12 @@ def _request_approval(run: Run, decision: dict) -> None:
                        url=run.callback_url, run_id=run.pk, tenant_id=run.tenant_id)
 
 
-def _close(run: Run) -> Run | None:
+def _close(run: Run, held: bool) -> Run | None:
     return run_close(run.pk)
 
 
 STAGES = {
-    S.CREATED: lambda run: run_transition(run, S.PREPARING, expected=S.CREATED),
+    S.CREATED: lambda run, held: run_transition(run, S.PREPARING, expected=S.CREATED, held=held),
     S.PREPARING: _prepare,
     S.PLANNING: _plan,
     S.POLICY_CHECK: _check_policy,

@@ -86,6 +86,7 @@ def run_transition(
     data: dict[str, Any] | None = None,
     trace: TraceRecord | None = None,
     expected: str | None = None,
+    held: bool = False,
 ) -> Run:
     """Move ``run`` to ``target``; return the saved run.
 
@@ -94,7 +95,10 @@ def run_transition(
     attempt is audited and ``TransitionLost`` raised, as it is when a
     concurrent writer wins the optimistic lock. Raises
     ``InvalidTransitionError`` for an edge that is not legal from the run's
-    current state.
+    current state. ``held``: ``run`` is an instance read, or saved by a
+    transition, in the caller's transaction after it took the run's row
+    lock (SQLite: its write lock), so it is current and is moved as it is,
+    not read again.
     """
     run_id = run if isinstance(run, int) else run.pk
     data = data or {}
@@ -105,8 +109,9 @@ def run_transition(
         # run's UPDATE, filtered on the state it read, is its first write and
         # its last check), so the caller's transaction is left as it was.
         with statements.in_transaction():
-            return _move(run_id, target, attempt, expected=expected, actor=actor, forced_by=forced_by,
-                         message=message, data=data, trace=trace)
+            current = run if held and isinstance(run, Run) else None
+            return _move(run_id, target, attempt, current=current, expected=expected, actor=actor,
+                         forced_by=forced_by, message=message, data=data, trace=trace)
     except InvalidTransitionError as exc:
         audit(AuditEvent.INVALID_TRANSITION, run_id=run_id, tenant_id=_tenant_of(run_id), actor=actor,
               caller=exc.caller, forced_by=forced_by, from_state=exc.source, to_state=target, data=data,
@@ -130,11 +135,12 @@ class _Attempt:
     caller: str | None
 
 
-def _move(run_id: int, target: RunState, attempt: _Attempt, *, expected: str | None, actor: Any, forced_by: str,
-          message: str, data: dict[str, Any], trace: TraceRecord | None) -> Run:
+def _move(run_id: int, target: RunState, attempt: _Attempt, *, current: Run | None, expected: str | None,
+          actor: Any, forced_by: str, message: str, data: dict[str, Any], trace: TraceRecord | None) -> Run:
     """``run_transition`` inside its transaction: check the edge, stamp and
-    save the run, write its traces and project the new state."""
-    run = Run.objects.defer(*Run.BULKY_FIELDS).get(pk=run_id)
+    save the run (``current``, the caller's up-to-date copy, else read),
+    write its traces and project the new state."""
+    run = current if current is not None else Run.objects.defer(*Run.BULKY_FIELDS).get(pk=run_id)
     source = attempt.source = run.state
     if attempt.caller is None:
         found = edge(source, target)

@@ -156,6 +156,27 @@ def test_the_stages_take_no_savepoint_but_the_ledger_s(tenant, agent):
     assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
 
 
+def test_the_stages_read_the_run_twice_whatever_the_number_of_transitions(tenant, agent):
+    """Once at the start, and once by the first transition, which takes the
+    run's row lock; the next transitions move the copy the last one saved."""
+    run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
+    sent = []
+
+    def recording(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(recording):
+        claim = run_advance(run_id)
+    # The whole row (bulky fields deferred), by its id: the stages' reads of the run.
+    run_reads = [sql for sql in sent if sql.startswith('SELECT "runs_run"."id", "runs_run"."job_id"')
+                 and 'WHERE "runs_run"."id" = %s' in sql]
+    assert len(run_reads) == 2, run_reads
+    recorded_per_transition(run_id)
+    execute_claims(claim)
+    assert Run.objects.get(pk=run_id).state == "SUCCEEDED"
+
+
 def moving_it_first(monkeypatch, move) -> None:
     """Another writer moves the run after a transition has read it and
     before it writes (``move``, once)."""
