@@ -64,6 +64,19 @@ def state_seen_by_another_connection(run_id: int) -> str:
     return seen[0]
 
 
+def advanced_with_its_statements(run_id: int):
+    """``run_advance(run_id)``, and the SQL it sent, in order."""
+    sent = []
+
+    def recording(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(recording):
+        claim = run_advance(run_id)
+    return claim, sent
+
+
 def test_the_stages_and_the_first_step_s_start_commit_together(tenant, agent, commits):
     run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"], ["true"])).run.pk
     commits.clear()
@@ -80,14 +93,7 @@ def test_the_stages_events_get_their_ids_at_the_end_of_the_transaction(tenant, a
     """The live relay waits a bounded time for a lower id to commit
     (docs/live-relay.md): the events are written last, together, in order."""
     run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"], ["true"])).run.pk
-    sent = []
-
-    def recording(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(recording):
-        claim = run_advance(run_id)
+    claim, sent = advanced_with_its_statements(run_id)
     writes = [sql for sql in sent if sql.lstrip().upper().startswith(("INSERT", "UPDATE", "WITH", "DELETE"))]
     event_inserts = [index for index, sql in enumerate(writes) if 'INTO "runs_event"' in sql]
     assert event_inserts == [len(writes) - 1], writes[-3:]  # one insert, the transaction's last write
@@ -141,14 +147,7 @@ def test_the_stages_take_no_savepoint_but_the_ledger_s(tenant, agent):
     first = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
     execute_claims(run_advance(first))  # its step registers this host's capacity (a savepoint of its own)
     run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
-    sent = []
-
-    def recording(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(recording):
-        claim = run_advance(run_id)
+    claim, sent = advanced_with_its_statements(run_id)
     savepoints = [sql.split()[0] for sql in sent if "SAVEPOINT" in sql.upper()]
     assert savepoints == ["SAVEPOINT", "RELEASE"], savepoints
     recorded_per_transition(run_id)
@@ -160,14 +159,7 @@ def test_the_stages_read_the_run_twice_whatever_the_number_of_transitions(tenant
     """Once at the start, and once by the first transition, which takes the
     run's row lock; the next transitions move the copy the last one saved."""
     run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
-    sent = []
-
-    def recording(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(recording):
-        claim = run_advance(run_id)
+    claim, sent = advanced_with_its_statements(run_id)
     # The whole row (bulky fields deferred), by its id: the stages' reads of the run.
     run_reads = [sql for sql in sent if sql.startswith('SELECT "runs_run"."id", "runs_run"."job_id"')
                  and 'WHERE "runs_run"."id" = %s' in sql]
