@@ -1,9 +1,10 @@
 """The harness stages that drive a run from CREATED to a final state.
 
 Each stage does its work and takes exactly one edge of the state machine;
-a failure takes the failure edge, never "stays". Every stage re-reads the
-run, so a duplicate delivery of the driving task, or a second worker, finds
-the run moved on and stops (the transition's optimistic lock decides).
+a failure takes the failure edge, never "stays". The stages start from the
+run as the database has it, so a duplicate delivery of the driving task, or
+a second worker, finds the run moved on and stops (the first transition's
+optimistic lock decides; the next ones hold the run's row lock).
 """
 
 import logging
