@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 import psutil
@@ -182,21 +183,27 @@ def _give_back_at_once(handle_id: str, owner: int | None) -> bool:
     data-modifying WITH, its amounts given back by the UPDATE that reads
     what the DELETE returned (a concurrent release deletes nothing and so
     gives back nothing)."""
-    connection = connections[Reservation.objects.db]
-    quote = connection.ops.quote_name
+    using = Reservation.objects.db
+    with connections[using].cursor() as cursor:
+        cursor.execute(_give_back_sql(using, owner is not None), [handle_id] if owner is None else [handle_id, owner])
+        return cursor.rowcount > 0
+
+
+@lru_cache(maxsize=None)
+def _give_back_sql(using: str, mine: bool) -> str:
+    """``_give_back_at_once``'s statement, compiled once per connection and
+    filter (it runs once a step)."""
+    quote = connections[using].ops.quote_name
     reservation, capacity = Reservation._meta, HostCapacity._meta
     column = {name: quote(reservation.get_field(name).column) for name in ("handle_id", "owner_pid", "host", *COUNTERS)}
-    mine = f" AND {column['owner_pid']} = %s" if owner is not None else ""
+    owned = f" AND {column['owner_pid']} = %s" if mine else ""
     given = ", ".join(f"{quote(capacity.get_field(f'{name}_reserved').column)} = "
                       f"h.{quote(capacity.get_field(f'{name}_reserved').column)} - gone.{column[name]}"
                       for name in COUNTERS)
-    sql = (f"WITH gone AS (DELETE FROM {quote(reservation.db_table)} WHERE {column['handle_id']} = %s{mine} "
-           f"RETURNING {column['host']}, {', '.join(column[name] for name in COUNTERS)}) "
-           f"UPDATE {quote(capacity.db_table)} AS h SET {given} FROM gone "
-           f"WHERE h.{quote(capacity.pk.column)} = gone.{column['host']}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [handle_id] if owner is None else [handle_id, owner])
-        return cursor.rowcount > 0
+    return (f"WITH gone AS (DELETE FROM {quote(reservation.db_table)} WHERE {column['handle_id']} = %s{owned} "
+            f"RETURNING {column['host']}, {', '.join(column[name] for name in COUNTERS)}) "
+            f"UPDATE {quote(capacity.db_table)} AS h SET {given} FROM gone "
+            f"WHERE h.{quote(capacity.pk.column)} = gone.{column['host']}")
 
 
 def _give_back(row: Reservation) -> bool:
