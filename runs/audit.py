@@ -51,6 +51,7 @@ from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
+from runs import recording
 from runs.audit_hash import (
     CALLER_LANE,
     GENESIS,
@@ -67,10 +68,22 @@ from runtime import statements
 def audit(event: AuditEvent, *, run_id: int | None, tenant_id: int | None, actor: Any = None, caller: str = "",
           forced_by: str = "", from_state: str = "", to_state: str = "", data: dict[str, Any] | None = None,
           independently: bool = False) -> None:
+    """Append one row (stamped now). Inside a ``recording.holding`` block a
+    row that commits with the caller's transaction is held, and linked and
+    written with the block's other rows at its end."""
     row = AuditLog(run_id=run_id, tenant_id=tenant_id, event=event, actor=user_or_none(actor), caller=caller,
-                   forced_by=forced_by, from_state=from_state, to_state=to_state, data=json_roundtrip(data or {}))
+                   forced_by=forced_by, from_state=from_state, to_state=to_state, data=json_roundtrip(data or {}),
+                   created_at=timezone.now())
     alias = "audit" if independently and connection.in_atomic_block and not settings.IS_SQLITE else "default"
-    _append(row, using=alias)
+    held = recording.held()
+    if held is not None and alias == "default":
+        held.audit_rows.append(row)
+        return
+    # No savepoint: inside the caller's transaction a failure here must roll
+    # that transaction back (a head advanced without its row, or the
+    # reverse, can never commit).
+    with transaction.atomic(using=alias, savepoint=False):
+        statements.write_together([[row]], chained([row], using=alias), using=alias)
 
 
 def user_or_none(actor: Any):
@@ -79,30 +92,37 @@ def user_or_none(actor: Any):
     return actor if getattr(actor, "is_authenticated", False) else None
 
 
-def _append(row: AuditLog, *, using: str) -> None:
-    chain = row.tenant_id or NO_TENANT_CHAIN
-    # No savepoint: inside the caller's transaction a failure here must roll
-    # that transaction back (a head advanced without its row, or the
-    # reverse, can never commit).
-    with transaction.atomic(using=using, savepoint=False):
-        if using == "audit":
-            row.chain_lane = INDEPENDENT_LANE
-            seq, last_hash = _lock_head(chain, INDEPENDENT_LANE, using)
-        elif settings.IS_SQLITE:  # one writer at a time anyway: one caller lane
-            row.chain_lane = CALLER_LANE
-            seq, last_hash = _lock_head(chain, CALLER_LANE, using)
-        else:
-            # Locks in one order, the run's row before its tenant's head: a
-            # transaction that audited first and drove the run after would
-            # otherwise deadlock with one that holds the run and audits.
-            # (Not on the audit connection: its caller may hold the run.)
-            row.chain_lane, seq, last_hash = _lock_free_lane(chain, using, run_id=row.run_id)
-        row.chain_seq = seq + 1
-        row.prev_hash = last_hash or GENESIS
-        row.created_at = timezone.now()
+def chained(rows: list[AuditLog], *, using: str) -> list[tuple[type[AuditChainHead], dict, dict]]:
+    """Link ``rows``, in order, into their tenants' chains: each chain's
+    lane chosen and its head locked for the rest of the transaction (one
+    round trip a chain), and each row's ``chain_lane``, ``chain_seq``,
+    ``prev_hash`` and ``row_hash`` set. Returns the heads' updates, for the
+    caller to write in the same transaction as the rows."""
+    heads: dict[int, tuple[int, int, str]] = {}
+    for row in rows:
+        chain = row.tenant_id or NO_TENANT_CHAIN
+        if chain not in heads:
+            heads[chain] = _lock_lane(chain, using, run_id=row.run_id)
+        lane, seq, last_hash = heads[chain]
+        row.chain_lane, row.chain_seq, row.prev_hash = lane, seq + 1, last_hash or GENESIS
         row.row_hash = row_digest(row_content(row))
-        statements.insert_and_update(row, AuditChainHead, {"chain": chain, "lane": row.chain_lane},
-                                     {"seq": row.chain_seq, "last_hash": row.row_hash}, using=using)
+        heads[chain] = (lane, row.chain_seq, row.row_hash)
+    return [(AuditChainHead, {"chain": chain, "lane": lane}, {"seq": seq, "last_hash": last_hash})
+            for chain, (lane, seq, last_hash) in heads.items()]
+
+
+def _lock_lane(chain: int, using: str, *, run_id: int | None) -> tuple[int, int, str]:
+    """The lane of ``chain`` this transaction's rows go to, its head locked:
+    (lane, seq, last_hash)."""
+    if using == "audit":
+        return (INDEPENDENT_LANE, *_lock_head(chain, INDEPENDENT_LANE, using))
+    if settings.IS_SQLITE:  # one writer at a time anyway: one caller lane
+        return (CALLER_LANE, *_lock_head(chain, CALLER_LANE, using))
+    # Locks in one order, the run's row before its tenant's head: a
+    # transaction that audited first and drove the run after would
+    # otherwise deadlock with one that holds the run and audits. (Not on
+    # the audit connection: its caller may hold the run.)
+    return _lock_free_lane(chain, using, run_id=run_id)
 
 
 def _lock_head(chain: int, lane: int, using: str) -> tuple[int, str]:

@@ -19,7 +19,7 @@ from runs.outbox import emit_step_event
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
 from runs.step_lifecycle import IN_FLIGHT, step_set
 from runs.steps import skip_pending, unstarted_result
-from runs.transitions import TraceRecord, TransitionLost, lock_run, run_transition
+from runs.transitions import TraceRecord, TransitionLost, lock_run, recorded_at_the_end, run_transition, write_held
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 
 S = RunState
@@ -40,7 +40,7 @@ def run_close(run_id: int) -> Run | None:
     if run.state != S.TRACING:
         return run
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
-    with transaction.atomic():
+    with transaction.atomic(), recorded_at_the_end():
         locked = lock_run(run_id)  # before the steps' rows, as everywhere
         # Read under the lock, which run_cancel takes too: the request as it
         # finally stands, not as it was when ``run`` was loaded.
@@ -97,6 +97,7 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
 
 
 def _run_summary(run: Run) -> dict:
+    write_held()  # the traces this transaction has recorded so far, read below
     traces = list(run.traces.filter(kind__in=(TraceKind.TRANSITION, TraceKind.POLICY_DECISION,
                                               TraceKind.HITL_DECISION))
                   .values_list("kind", "to_state", "created_at", "id"))  # in order (Trace.Meta.ordering)

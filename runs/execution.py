@@ -58,7 +58,7 @@ from runs.settle import Forecast, forecast_next, settle_locked
 from runs.statemachine import RunState
 from runs.step_lifecycle import step_set
 from runs.steps import unstarted_result
-from runs.transitions import lock_run
+from runs.transitions import lock_run, recorded_at_the_end
 from runtime.envelopes import EnvelopeError
 from runtime.forkserver import ShimLink
 from runtime.models import HostCapacity
@@ -325,7 +325,7 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
     retry = (result["status"] == StepRunStatus.FAILED and error and error["retryable"]
              and attempt <= allowed and timezone.now() < run.deadline)
     status = StepStatus.SUCCESS if result["status"] == StepRunStatus.SUCCESS else StepStatus.FAILED
-    with transaction.atomic():
+    with transaction.atomic(), recorded_at_the_end():
         locked = lock_run(run.pk)
         fenced = step_set(step, expect=(StepStatus.RUNNING, StepRunStatus.RUNNING),
                           to=(StepStatus.RUNNING if retry else status, result["status"]), where={"attempt": attempt},

@@ -21,11 +21,11 @@ from runs.dataplane import bind_rated_plans
 from runs.dispatch import Claim, enqueue_approval_expiry
 from runs.errors import ExecGoError
 from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
-from runs.outbox import emit, written_at_the_end
+from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
 from runs.settle import executing_started, run_settle
 from runs.statemachine import RunState
-from runs.transitions import TraceRecord, TransitionLost, run_transition
+from runs.transitions import TraceRecord, TransitionLost, recorded_at_the_end, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 from runtime import statements
 
@@ -43,7 +43,7 @@ def run_advance(run_id: int) -> Claim | None:
     out (``llm``) is called between two such transactions, never inside one."""
     while True:
         try:
-            with transaction.atomic(), written_at_the_end():
+            with transaction.atomic(), recorded_at_the_end():
                 advanced = _advance(run_id)
         except TransitionLost as lost:
             # Lost only by the first stage: from its first transition on the
@@ -69,8 +69,8 @@ _PLAN_OUTSIDE = object()
 
 
 def _advance(run_id: int):
-    """The stages, in the caller's transaction (the events they emit are
-    held to be written at its end: ``outbox.written_at_the_end``). A stage
+    """The stages, in the caller's transaction (what they record is held
+    to be written at its end: ``transitions.recorded_at_the_end``). A stage
     that loses its run to another writer raises ``TransitionLost`` out of
     the transaction."""
     run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them

@@ -20,7 +20,7 @@ from runs.errors import ConflictError, ErrorCode
 from runs.models import AuditEvent, Job, Run, Tenant
 from runs.plan_schema import validate_plan
 from runs.statemachine import TRANSIENT, ClosingCause, RunState
-from runs.transitions import lock_run, record_state
+from runs.transitions import lock_run, record_state, recorded_at_the_end
 from runtime import statements
 
 S = RunState
@@ -70,7 +70,7 @@ def run_submit(*, tenant: Tenant, user: Any, plan: dict | None = None, title: st
         if existing is not None:
             return _replayed(existing, fingerprint)
     try:
-        with transaction.atomic():
+        with transaction.atomic(), recorded_at_the_end():
             job = Job.objects.create(tenant=tenant, title=title, created_by=user)
             run = _create_run(
                 job=job, tenant=tenant, user=user, title=title, planner=planner, plan=plan or {}, goal=goal,

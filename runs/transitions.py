@@ -7,6 +7,8 @@ creation records its first state through the same projector. Nothing leaves
 the process before commit.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,7 +16,8 @@ from typing import Any
 from django.utils import timezone
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
-from runs.audit import audit
+from runs import recording
+from runs.audit import audit, chained
 from runs.metrics import count_transition
 from runs.models import FINAL_AUDIT_EVENT, AuditEvent, Event, EventType, Job, Run, Step, Trace, TraceKind
 from runs.outbox import emit
@@ -179,7 +182,11 @@ def _move(run_id: int, target: RunState, attempt: _Attempt, *, current: Run | No
     if trace is not None:
         traces.append(Trace(run=run, kind=trace.kind, from_state=source, to_state=target, step=trace.step,
                             data=trace.data, error=trace.error))
-    statements.insert(traces)
+    held = recording.held()
+    if held is not None:
+        held.traces.extend(traces)
+    else:
+        statements.insert(traces)
     record_state(run, source, target, now, event=FINAL_AUDIT_EVENT.get(target, AuditEvent.STATE_CHANGED),
                  caller=caller, actor=actor, forced_by=forced_by, message=message or f"{source} → {target}",
                  data=data)
@@ -200,14 +207,49 @@ def record_state(run: Run, source: str | None, target: str, now: datetime, *, ev
     count_transition(source, target)
     # The projection follows the job's latest run only: an older run of the
     # same job is final and can no longer move, but never let it overwrite.
-    statements.update(Job, {"id": run.job_id, "latest_run_id": run.pk}, {
+    projection = {
         "status": job_status_for(target),
         "run_state_snapshot": {
             "run_id": run.pk, "state": target, "closing_cause": run.closing_cause,
             "last_state_change_at": now.isoformat(),
         },
         "updated_at": now,
-    })
+    }
+    held = recording.held()
+    if held is not None:
+        held.jobs[(run.job_id, run.pk)] = projection
+    else:
+        statements.update(Job, {"id": run.job_id, "latest_run_id": run.pk}, projection)
+
+
+@contextmanager
+def recorded_at_the_end() -> Iterator[None]:
+    """What the block records (events, traces, audit rows, job
+    projections: ``runs.recording``) is held and written together as it
+    ends without an error, in the caller's transaction, which the block
+    must end with, just before its commit. Inside another such block, the
+    outer one writes it."""
+    if recording.held() is not None:
+        yield
+        return
+    with recording.holding() as held:
+        yield
+    write_held(held)
+
+
+def write_held(held: recording.Held | None = None) -> None:
+    """Write what the ``recorded_at_the_end`` block holds (``held``, else
+    the one this code runs in) now, in two round trips on PostgreSQL: the
+    audit rows' chain heads, then every row and projection. For a reader
+    of those rows inside the block; the block holds what follows."""
+    held = held if held is not None else recording.held()
+    if not held:
+        return
+    rows = held.taken()
+    heads = chained(rows.audit_rows, using="default")
+    projections = [(Job, {"id": job_id, "latest_run_id": run_id}, values)
+                   for (job_id, run_id), values in rows.jobs.items()]
+    statements.write_together([rows.traces, rows.events, rows.audit_rows], [*projections, *heads])
 
 
 def _tenant_of(run_id: int) -> int | None:

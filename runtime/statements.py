@@ -1,5 +1,6 @@
 """Single-table statements compiled once: the few a sequential chain runs
-between every two of its steps.
+between every two of its steps, and several such writes sent as one
+statement (``write_together``).
 
 The ORM builds a queryset's SQL anew on every call, which costs about as much
 on a small CPU as PostgreSQL takes to run the statement; a chain pays it
@@ -46,9 +47,16 @@ def update(model: type[Model], where: dict, values: dict, *, using: str = "defau
     """``model.objects.filter(**where).update(**values)``, plus the
     ``auto_now`` stamps ``save()`` would write: the number of rows changed.
     ``where`` values may not be None (no IS NULL here)."""
+    connection = connections[using]
+    sql, params = _update_statement(model, where, values, connection, using)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _update_statement(model: type[Model], where: dict, values: dict, connection, using: str) -> tuple[str, list]:
     if any(value is None for value in where.values()):
         raise ValueError("statements.update filters on equality only; None needs the ORM")
-    connection = connections[using]
     sql, stamped, guarded = _update_sql(model, tuple(values), tuple(where), connection.vendor, using)
     if guarded:
         model.refuse_direct_write(values)
@@ -58,9 +66,7 @@ def update(model: type[Model], where: dict, values: dict, *, using: str = "defau
     params = (_prepared(model, values, connection)
               + [field.get_db_prep_save(field.pre_save(row, False), connection=connection) for field in stamped]
               + _prepared(model, where, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
+    return sql, params
 
 
 def insert(objs: list[Model], *, using: str = "default") -> None:
@@ -91,26 +97,43 @@ def select_for_update(model: type[Model], pk, fields: tuple[str, ...], *, using:
 
 def insert_and_update(obj: Model, model: type[Model], where: dict, values: dict, *, using: str = "default") -> None:
     """``insert([obj])`` then ``update(model, where, values)``: one statement
-    on PostgreSQL (the insert in a data-modifying WITH, one round trip), two
-    elsewhere."""
+    on PostgreSQL, two elsewhere (``write_together``)."""
+    write_together([[obj]], [(model, where, values)], using=using)
+
+
+def write_together(inserts: list[list[Model]], updates: list[tuple[type[Model], dict, dict]], *,
+                   using: str = "default") -> None:
+    """``insert`` of each list of ``inserts``, then ``update`` of each
+    ``(model, where, values)``: one round trip on PostgreSQL (every part but
+    the last in a data-modifying WITH), a statement each elsewhere. The
+    parts run on one snapshot there, so none may read what another writes
+    and no row may be updated twice."""
     connection = connections[using]
-    if connection.vendor != "postgresql":
-        insert([obj], using=using)
-        update(model, where, values, using=using)
+    inserts = [objs for objs in inserts if objs]
+    if connection.vendor != "postgresql" or len(inserts) + len(updates) < 2 or \
+            sum(len(objs) * len(_insert_fields(type(objs[0]))) for objs in inserts) > MAX_PARAMS_TOGETHER:
+        for objs in inserts:
+            insert(objs, using=using)
+        for model, where, values in updates:
+            update(model, where, values, using=using)
         return
-    if any(value is None for value in where.values()):
-        raise ValueError("statements.update filters on equality only; None needs the ORM")
-    sql, stamped, guarded = _update_sql(model, tuple(values), tuple(where), connection.vendor, using)
-    if guarded:
-        model.refuse_direct_write(values)
-    written = [field.get_db_prep_save(field.pre_save(obj, True), connection=connection)
-               for field in _insert_fields(type(obj))]
-    row = SimpleNamespace()
-    params = (written + _prepared(model, values, connection)
-              + [field.get_db_prep_save(field.pre_save(row, False), connection=connection) for field in stamped]
-              + _prepared(model, where, connection))
+    parts, params = [], []
+    for objs in inserts:
+        model = type(objs[0])
+        parts.append(_insert_sql(model, len(objs), connection.vendor, using))
+        params += [field.get_db_prep_save(field.pre_save(obj, True), connection=connection)
+                   for obj in objs for field in _insert_fields(model)]
+    for model, where, values in updates:
+        sql, update_params = _update_statement(model, where, values, connection, using)
+        parts.append(sql)
+        params += update_params
+    withs = ", ".join(f"w{index} AS ({part})" for index, part in enumerate(parts[:-1]))
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH written AS ({_insert_sql(type(obj), 1, connection.vendor, using)}) {sql}", params)
+        cursor.execute(f"WITH {withs} {parts[-1]}", params)
+
+
+# Under PostgreSQL's limit of 65,535 parameters a statement, with room to spare.
+MAX_PARAMS_TOGETHER = 30_000
 
 
 def lock_row(model: type[Model], pk, *, using: str = "default") -> None:

@@ -48,7 +48,9 @@ class Trace(models.Model):
     step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.SET_NULL, related_name="traces")
     data = models.JSONField(default=dict, blank=True)
     error = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # When the change it records was made (the row may be written at the end
+    # of its transaction: ``runs.recording``), not when it was inserted.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["id"]
