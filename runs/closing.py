@@ -14,12 +14,12 @@ from approvals import interface as approvals
 from runs.audit import audit
 from runs.errors import ErrorCode, error_envelope
 from runs.memory import memory_write
-from runs.models import AuditEvent, EventType, Run, StepRunStatus, StepStatus, TraceKind
+from runs.models import AuditEvent, EventType, Run, Step, StepRunStatus, StepStatus, TraceKind
 from runs.outbox import emit_step_event
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
 from runs.step_lifecycle import IN_FLIGHT, step_set
 from runs.steps import skip_pending, unstarted_result
-from runs.transitions import TraceRecord, TransitionLost, lock_run, recorded_at_the_end, run_transition, write_held
+from runs.transitions import TraceRecord, TransitionLost, recorded_at_the_end, run_transition, write_held
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 
 S = RunState
@@ -32,7 +32,7 @@ def run_close(run_id: int) -> Run | None:
     transition. If writing them fails the run stays in TRACING, where the
     sweeper finds it; it never skips to a final state.
     """
-    run = Run.objects.filter(pk=run_id).first()
+    run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()
     if run is None or run.is_final:
         return run
     if run.state in TRANSIENT:
@@ -41,27 +41,36 @@ def run_close(run_id: int) -> Run | None:
         return run
     target = FINAL_STATE_FOR_CAUSE[run.closing_cause]
     with transaction.atomic(), recorded_at_the_end():
-        locked = lock_run(run_id)  # before the steps' rows, as everywhere
-        # Read under the lock, which run_cancel takes too: the request as it
-        # finally stands, not as it was when ``run`` was loaded.
-        cancel_superseded = locked.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
-        fence_unfinished_steps(run, reason=f"run closed as {target}")
+        # Read under the run's row lock (before the steps', as everywhere),
+        # which run_cancel takes too: the cancel request as it finally
+        # stands, and a copy the final transition moves as it is.
+        run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).get(pk=run_id)
+        cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
+        steps = list(run.steps.order_by("position").only(*CLOSE_STEP_FIELDS))
+        fence_unfinished_steps(run, reason=f"run closed as {target}", steps=steps)
         run = run_transition(
-            run, target, expected=S.TRACING,
+            run, target, expected=S.TRACING, held=True,
             actor=run.cancel_requested_by if target == S.CLOSED_CANCELLED else None,
-            trace=TraceRecord(TraceKind.RUN, _run_summary(run)),
+            trace=TraceRecord(TraceKind.RUN, _run_summary(run, steps)),
         )
         if target == S.SUCCEEDED:
-            memory_write(run)
+            memory_write(run, steps)
         if run.callback_url and "final" in run.callback_events and webhook_configured(run.callback_url):
             webhook_notify("run.final", run_callback_payload(run), url=run.callback_url, run_id=run.pk,
                            tenant_id=run.tenant_id)
         if cancel_superseded:
             # A cancel that arrived too late to apply is answered, not dropped
-            # (``run`` is the copy the transition re-read under the lock).
+            # (``run`` is the copy read under the lock).
             audit(AuditEvent.CANCEL_SUPERSEDED, run_id=run.pk, tenant_id=run.tenant_id,
                   actor=run.cancel_requested_by, caller="tracer", to_state=target)
     return run
+
+
+# What closing reads of each step, once: what fencing an unfinished one
+# writes and its events name, the summary's fields and the results the
+# memory keeps (not the step's parameters and plans).
+CLOSE_STEP_FIELDS = ("id", "run_id", "step_id", "position", "tool", "status", "run_status", "attempt", "handle_id",
+                     "started_at", "result")
 
 
 def run_cancel_awaiting_approval(run_id: int) -> Run | None:
@@ -79,12 +88,17 @@ def run_cancel_awaiting_approval(run_id: int) -> Run | None:
         return None
 
 
-def fence_unfinished_steps(run: Run, *, reason: str) -> None:
+def fence_unfinished_steps(run: Run, *, reason: str, steps: list[Step] | None = None) -> None:
     """When a run closes with steps still pending or in flight (the sweeper
     or a timeout closed it under a slow worker), skip the pending ones and
     end the in-flight attempts here, so that a late result of theirs finds
-    its fence gone and is audited instead of applied."""
-    steps = list(run.steps.exclude(status__in=[StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.SKIPPED]))
+    its fence gone and is audited instead of applied. ``steps``: the run's
+    steps, read under its lock (else read here); those fenced are updated."""
+    ended = (StepStatus.SUCCESS, StepStatus.FAILED, StepStatus.SKIPPED)
+    if steps is None:
+        steps = list(run.steps.exclude(status__in=ended))
+    else:
+        steps = [step for step in steps if step.status not in ended]
     skip_pending(run, steps, reason)
     for step in steps:
         if step.run_status in IN_FLIGHT and step_set(
@@ -96,7 +110,7 @@ def fence_unfinished_steps(run: Run, *, reason: str) -> None:
             emit_step_event(run.pk, step, EventType.TASK_CANCELLED, reason, {"attempt": step.attempt})
 
 
-def _run_summary(run: Run) -> dict:
+def _run_summary(run: Run, steps: list[Step]) -> dict:
     write_held()  # the traces this transaction has recorded so far, read below
     traces = list(run.traces.filter(kind__in=(TraceKind.TRANSITION, TraceKind.POLICY_DECISION,
                                               TraceKind.HITL_DECISION))
@@ -105,7 +119,7 @@ def _run_summary(run: Run) -> dict:
     stages = {}
     for (state, entered), (_next, left) in zip(transitions, transitions[1:]):
         stages[state] = round((left - entered).total_seconds() * 1000, 3)
-    steps = list(run.steps.values("step_id", "status", "attempt"))
+    steps = [{"step_id": step.step_id, "status": step.status, "attempt": step.attempt} for step in steps]
     return {
         "closing_cause": run.closing_cause,
         "stage_ms": stages,

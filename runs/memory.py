@@ -5,7 +5,7 @@ that ends SUCCEEDED."""
 from django.conf import settings
 from django.db.models import F
 
-from runs.models import MemoryEntry, Run, StepStatus
+from runs.models import MemoryEntry, Run, Step, StepStatus
 
 
 def memories_for(run: Run) -> list[MemoryEntry]:
@@ -20,13 +20,18 @@ def memories_for(run: Run) -> list[MemoryEntry]:
     )
 
 
-def memory_write(run: Run) -> MemoryEntry | None:
-    """Called by the tracer inside the SUCCEEDED transition's transaction."""
+def memory_write(run: Run, steps: list[Step] | None = None) -> MemoryEntry | None:
+    """Called by the tracer inside the SUCCEEDED transition's transaction;
+    ``steps``: the run's, with their results, in order (else read here)."""
     if run.submitted_by_id is None:
         return None
     cap = settings.EXECGO_MEMORY_OUTPUT_BYTES
     outputs = {}
-    for step_id, result in run.steps.filter(status=StepStatus.SUCCESS).values_list("step_id", "result"):
+    if steps is None:
+        succeeded = run.steps.filter(status=StepStatus.SUCCESS).values_list("step_id", "result")
+    else:
+        succeeded = [(step.step_id, step.result) for step in steps if step.status == StepStatus.SUCCESS]
+    for step_id, result in succeeded:
         output = (result or {}).get("output") or {}
         text = output.get("stdout") if isinstance(output.get("stdout"), str) else None
         outputs[step_id] = text[-cap:] if text is not None else output

@@ -129,7 +129,8 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", call
 def settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, handover: str,
                   steps: list[Step] | None = None, forecast: Forecast | None = None,
                   caller: str | None = None) -> tuple[Claim | None, bool]:
-    """``run_settle`` under the run's row lock; ``events`` are the caller's
+    """``run_settle`` under the run's row lock (``run``: read under it in
+    this transaction, ``lock_run``); ``events`` are the caller's
     not yet written, committed with the decision and ahead of its own.
     ``steps``: the run's steps when the caller knows them (see
     ``Claim.steps``); ``forecast``: the caller's (see ``Forecast``). Returns
@@ -161,8 +162,9 @@ def settle_locked(run: Run | None, events: list[Event], *, claim_one: bool, hand
 def _end_execution(run: Run, steps: list[Step], in_flight: list[Step], failed: list[Step], now, *,
                    caller: str | None) -> bool:
     """Take the run's edge out of EXECUTING once nothing more is dispatched:
-    CANCELLED, TIMEOUT, FAILED or TRACING. False while an attempt still runs
-    (its end settles again)."""
+    CANCELLED, TIMEOUT, FAILED or TRACING, moving ``run``, the copy read
+    under its row lock, as it is. False while an attempt still runs (its end
+    settles again)."""
     if run.cancel_requested_at is not None or now >= run.deadline:
         cancelled = run.cancel_requested_at is not None
         skip_pending(run, steps, "run cancelled" if cancelled else "run timed out")
@@ -170,12 +172,12 @@ def _end_execution(run: Run, steps: list[Step], in_flight: list[Step], failed: l
         if any(step.run_status == StepRunStatus.RUNNING for step in in_flight):
             return False
         if cancelled:
-            run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.EXECUTING,
+            run_transition(run, S.CANCELLED, actor=run.cancel_requested_by, expected=S.EXECUTING, held=True,
                            trace=TraceRecord(TraceKind.RUN, {"cancelled_by": run.cancel_requested_by_id}))
             return True
         error = error_envelope(ErrorCode.TIMEOUT, f"run exceeded its timeout of {run.timeout_s}s",
                                source="scheduler", details={"timeout_s": run.timeout_s, "layer": "harness"})
-        run_transition(run, S.TIMEOUT, caller=caller, expected=S.EXECUTING,
+        run_transition(run, S.TIMEOUT, caller=caller, expected=S.EXECUTING, held=True,
                        message=error["message"], data={"layer": "harness"},
                        trace=TraceRecord(TraceKind.RUN, {"timeout_s": run.timeout_s, "layer": "harness"},
                                          error=error))
@@ -186,14 +188,14 @@ def _end_execution(run: Run, steps: list[Step], in_flight: list[Step], failed: l
         first = failed[0]
         error = (first.result or {}).get("error") or error_envelope(
             ErrorCode.UNKNOWN, f"step {first.step_id} failed", source="executor")
-        run_transition(run, S.FAILED, expected=S.EXECUTING,
+        run_transition(run, S.FAILED, expected=S.EXECUTING, held=True,
                        message=error["message"],
                        trace=TraceRecord(TraceKind.TOOL_INVOCATION,
                                          {"tool": first.tool, "step": first.step_id,
                                           "retry_count": max(first.attempt - 1, 0)},
                                          error=error, step=first))
     else:  # every step succeeded
-        run_transition(run, S.TRACING, expected=S.EXECUTING)
+        run_transition(run, S.TRACING, expected=S.EXECUTING, held=True)
     return True
 
 

@@ -29,9 +29,10 @@ S = RunState
 TRANSITION_FIELDS = ["state", "previous_state", "closing_cause", "last_state_change_at", "executing_started_at",
                      "finished_at"]
 # What a decision under the run's lock reads of the run: its context and plan
-# are not needed for one.
-RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "cancel_requested_at", "cancel_requested_by_id",
-              "executing_started_at", "timeout_s")
+# are not needed for one. The machine's own columns are, so that a
+# transition can move the locked copy as it is (``held``).
+RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "previous_state", "closing_cause", "last_state_change_at",
+              "finished_at", "cancel_requested_at", "cancel_requested_by_id", "executing_started_at", "timeout_s")
 
 
 def lock_run(run_id: int) -> Run | None:

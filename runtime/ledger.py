@@ -121,6 +121,9 @@ def reserve(
     none, is adopted by this process (a re-attached step)."""
     amounts = _amounts(slots, memory_bytes, pids)
     pid, started_at = current_owner()
+    on_postgres = connections[Reservation.objects.db].vendor == "postgresql"
+    if on_postgres and _reserve_at_once(host, handle_id, amounts, waited_ms=waited_ms, owner=(pid, started_at)):
+        return True  # else it did not fit, or handle_id has a reservation already: seen below
     existing = Reservation.objects.filter(handle_id=handle_id).values("pk", "owner_pid", "owner_started_at").first()
     if existing is not None:
         if existing["owner_pid"] != pid and (existing["owner_pid"] is None or not owner_alive(
@@ -128,6 +131,8 @@ def reserve(
             Reservation.objects.filter(pk=existing["pk"], owner_pid=existing["owner_pid"]).update(
                 owner_pid=pid, owner_started_at=started_at)
         return True
+    if on_postgres:
+        return False  # no reservation, and it did not fit
     fits = {f"{name}_reserved__lte": F(f"{name}_capacity") - value for name, value in amounts.items()}
     grow = {f"{name}_reserved": F(f"{name}_reserved") + value for name, value in amounts.items()}
     try:
@@ -141,6 +146,45 @@ def reserve(
         # ours rolled back together with its counter update.
         return Reservation.objects.filter(handle_id=handle_id).exists()
     return True
+
+
+def _reserve_at_once(host: str, handle_id: str, amounts: dict[str, int], *, waited_ms: int,
+                     owner: tuple[int, float]) -> bool:
+    """``reserve``'s compare-and-swap in one statement on PostgreSQL (no
+    savepoint, no read before it): the host's row locked if the amounts fit
+    (re-checked on its latest version when another writer held it), the
+    reservation inserted unless ``handle_id`` already has one, and the
+    counters grown only by an insert that happened. False when nothing was
+    reserved."""
+    using = Reservation.objects.db
+    now = Reservation._meta.get_field("reserved_at").get_db_prep_save(timezone.now(), connection=connections[using])
+    params = [host, *amounts.values(), handle_id, *amounts.values(), now, waited_ms, *owner, *amounts.values()]
+    with connections[using].cursor() as cursor:
+        cursor.execute(_reserve_sql(using), params)
+        return cursor.rowcount > 0
+
+
+@lru_cache(maxsize=None)
+def _reserve_sql(using: str) -> str:
+    quote = connections[using].ops.quote_name
+    reservation, capacity = Reservation._meta, HostCapacity._meta
+
+    def counter(name: str, kind: str) -> str:
+        return quote(capacity.get_field(f"{name}_{kind}").column)
+
+    def column(name: str) -> str:
+        return quote(reservation.get_field(name).column)
+
+    fits = " AND ".join(f"{counter(name, 'reserved')} <= {counter(name, 'capacity')} - %s" for name in COUNTERS)
+    inserted = ("host", "handle_id", *COUNTERS, "reserved_at", "waited_ms", "owner_pid", "owner_started_at")
+    grown = ", ".join(f"{counter(name, 'reserved')} = h.{counter(name, 'reserved')} + %s" for name in COUNTERS)
+    host_column = quote(capacity.pk.column)
+    return (f"WITH fits AS (SELECT {host_column} FROM {quote(capacity.db_table)} "
+            f"WHERE {host_column} = %s AND {fits} FOR UPDATE), "
+            f"made AS (INSERT INTO {quote(reservation.db_table)} ({', '.join(column(name) for name in inserted)}) "
+            f"SELECT {host_column}, {', '.join(['%s'] * (len(inserted) - 1))} FROM fits "
+            f"ON CONFLICT ({column('handle_id')}) DO NOTHING RETURNING {column('host')}) "
+            f"UPDATE {quote(capacity.db_table)} AS h SET {grown} FROM made WHERE h.{host_column} = made.{column('host')}")
 
 
 def transfer(from_handle: str, to_handle: str, *, host: str, slots: int = 1, memory_bytes: int = 0,

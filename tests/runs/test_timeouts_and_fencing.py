@@ -60,7 +60,7 @@ def test_late_result_after_the_sweeper_closed_the_run_is_audited_not_applied(api
 def test_failed_trace_write_leaves_the_run_in_tracing_for_the_sweeper(tenant, agent, monkeypatch):
     run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
 
-    def broken_memory_write(run):
+    def broken_memory_write(run, steps=None):
         raise DatabaseError("disk full")
 
     monkeypatch.setattr(closing, "memory_write", broken_memory_write)

@@ -52,6 +52,20 @@ def test_exactly_capacity_wins_a_race_of_fifty(host):
     assert Reservation.objects.count() == 4
 
 
+def test_twenty_reserves_of_one_handle_at_once_count_it_once(host):
+    """A duplicate delivery racing itself: every caller is told the handle
+    is reserved, and the counters grew by one reservation (on PostgreSQL the
+    losers' inserts do nothing and grow nothing, in the same statement)."""
+    answers = []
+    in_threads(20, lambda i: answers.append(ledger.reserve(host, "same", memory_bytes=MIB, pids=2)))
+    assert answers == [True] * 20
+    assert counters(host) == (1, MIB, 2)
+    assert list(Reservation.objects.values_list("handle_id", "task_slots", "memory_bytes", "pids")) == [
+        ("same", 1, MIB, 2)]
+    assert ledger.release("same") is True
+    assert counters(host) == (0, 0, 0)
+
+
 def test_fifty_waiters_on_four_slots_never_overbook_and_all_release(host):
     observed = []
 
