@@ -50,6 +50,14 @@ def _effective_version(tenant_id: int | None) -> int | None:
     return rows.annotate(effective=Coalesce(Subquery(own), F("version"))).values_list("effective", flat=True).first()
 
 
+def _version_of(tenant_id: int | None):
+    """``_effective_version`` as an expression, to read with other rows."""
+    version = Subquery(PolicyVersion.objects.filter(pk=GLOBAL_VERSION).values("version")[:1])
+    if tenant_id is None:
+        return version
+    return Coalesce(Subquery(TenantPolicyVersion.objects.filter(tenant_id=tenant_id).values("version")[:1]), version)
+
+
 def validate_rule_pattern(pattern: str) -> re.Pattern:
     try:
         return re.compile(pattern)
@@ -142,14 +150,19 @@ def policy_snapshot(tenant_id: int | None = None) -> tuple[int, list[PolicyRule]
     """The enabled rules that rate ``tenant_id``'s runs (the global ones and
     its own) and the version they belong to.
 
-    Every rule change bumps the version in its own transaction, so a version
-    read before and after the rules that did not move proves the rules are
+    One statement reads both where there is a rule: every rule row carries
+    the version, and one statement reads one snapshot. Otherwise the version
+    is read before and after the rules: every rule change bumps it in its
+    own transaction, so a version that did not move proves the rules are
     that version's (read committed gives each query its own snapshot).
     """
+    enabled = PolicyRule.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id), enabled=True)
+    rules = list(enabled.annotate(policy_version=_version_of(tenant_id)).order_by("priority", "id"))
+    if rules and rules[0].policy_version is not None:
+        return rules[0].policy_version, rules
     for _attempt in range(MAX_SNAPSHOT_ATTEMPTS):
         version = current_policy_version(tenant_id)
-        rules = list(PolicyRule.objects.filter(Q(tenant__isnull=True) | Q(tenant_id=tenant_id), enabled=True)
-                     .order_by("priority", "id"))
+        rules = list(enabled.order_by("priority", "id"))
         if current_policy_version(tenant_id) == version:
             return version, rules
     raise RuntimeError(f"policy rules changed during {MAX_SNAPSHOT_ATTEMPTS} reads in a row")

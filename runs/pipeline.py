@@ -24,7 +24,7 @@ from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
 from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
 from runs.settle import executing_started, run_settle
-from runs.statemachine import RunState
+from runs.statemachine import ENTERED_ONCE, RunState
 from runs.transitions import TraceRecord, TransitionLost, recorded_at_the_end, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 from runtime import statements
@@ -73,8 +73,13 @@ def _advance(run_id: int):
     to be written at its end: ``transitions.recorded_at_the_end``). A stage
     that loses its run to another writer raises ``TransitionLost`` out of
     the transaction."""
-    run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()  # the stage needing them loads them
-    held = False  # the run's row lock, taken by the first stage's transition
+    # The plan too, which planning reads; the stage needing the other bulky fields loads them.
+    run = Run.objects.defer(*(field for field in Run.BULKY_FIELDS if field != "plan")).filter(pk=run_id).first()
+    # The first stage's transition moves this copy too (``held``): read
+    # outside the row lock, but in a state a run enters only once, so it can
+    # be stale only by the run having moved on, which that transition's
+    # UPDATE (filtered on the state) finds. It takes the lock.
+    held = run is not None and run.state in ENTERED_ONCE
     while True:
         if run is None or run.is_final:
             return None

@@ -139,6 +139,33 @@ TRANSITIONS: tuple[Edge, ...] = (
 _EDGES = {(e.source, e.target): e for e in TRANSITIONS}
 
 
+def _entered_once() -> frozenset[RunState]:
+    """The states on no cycle of the table: a run enters each of them at
+    most once in its life."""
+    following: dict[RunState, set[RunState]] = {}
+    for e in TRANSITIONS:
+        following.setdefault(e.source, set()).add(e.target)
+
+    def reaches(start: RunState, goal: RunState) -> bool:
+        seen, todo = set(), list(following.get(start, ()))
+        while todo:
+            state = todo.pop()
+            if state == goal:
+                return True
+            if state not in seen:
+                seen.add(state)
+                todo.extend(following.get(state, ()))
+        return False
+
+    return frozenset(state for state in RunState if not reaches(state, state))
+
+
+# A copy of a run read in one of these states, outside its row lock, can be
+# stale only by the run having moved on: its state never comes back (unlike
+# TRACING, which the sweeper can leave and re-enter with another cause).
+ENTERED_ONCE = _entered_once()
+
+
 def edge(source: str, target: str) -> Edge | None:
     return _EDGES.get((source, target))
 

@@ -102,7 +102,9 @@ def run_transition(
     current state. ``held``: ``run`` is an instance read, or saved by a
     transition, in the caller's transaction after it took the run's row
     lock (SQLite: its write lock), so it is current and is moved as it is,
-    not read again.
+    not read again; or one read in a state of ``ENTERED_ONCE``, which is
+    stale only if the run has moved on (the UPDATE, filtered on the state
+    read, then changes nothing and the transition is lost).
     """
     run_id = run if isinstance(run, int) else run.pk
     data = data or {}

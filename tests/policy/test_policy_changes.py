@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from policy.interface import current_policy_version, evaluate_policy
 from policy.models import PolicyRule, PolicyVersion
-from policy.rules import policy_rule_delete, policy_rule_save
+from policy.rules import policy_rule_delete, policy_rule_save, policy_snapshot
 from runs.models import AuditLog, Run, TraceKind
 from runs.pipeline import run_advance
 from runs.services import run_submit
@@ -39,6 +39,31 @@ def test_current_policy_version_creates_the_row_lazily():
     PolicyVersion.objects.all().delete()
     assert current_policy_version() == 1
     assert list(PolicyVersion.objects.values_list("pk", "version")) == [(1, 1)]
+
+
+@pytest.mark.django_db
+def test_a_snapshot_reads_the_rules_and_their_version_in_one_statement(seeded_policy, tenant,
+                                                                        django_assert_num_queries):
+    """One statement reads one snapshot: the rules and the version they
+    belong to can never be of two different moments."""
+    own = policy_rule_save(PolicyRule(tenant=tenant, name="own", tool="shell", field="command", pattern="x",
+                                      outcome="high", reason="its own"))
+    with django_assert_num_queries(1):
+        version, rules = policy_snapshot(tenant.pk)
+    assert version == current_policy_version(tenant.pk) != current_policy_version()
+    assert rules == list(PolicyRule.objects.filter(enabled=True).order_by("priority", "id"))
+    assert own in rules
+    global_version = current_policy_version()
+    with django_assert_num_queries(1):
+        assert policy_snapshot() == (global_version, [rule for rule in rules if rule != own])
+
+
+@pytest.mark.django_db
+def test_a_policy_without_rules_still_names_its_version(seeded_policy):
+    PolicyRule.objects.update(enabled=False)  # around the service: the version does not move
+    assert policy_snapshot() == (current_policy_version(), [])
+    PolicyVersion.objects.all().delete()
+    assert policy_snapshot() == (1, [])  # the version row made lazily, as ever
 
 
 @pytest.mark.django_db

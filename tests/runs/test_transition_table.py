@@ -19,6 +19,7 @@ from django_fsm import ConcurrentTransition
 
 from runs.models import AuditLog, Event, Job, Run, Trace
 from runs.statemachine import (
+    ENTERED_ONCE,
     FINAL_STATE_FOR_CAUSE,
     TRANSITIONS,
     ZOMBIE_SWEEPER,
@@ -385,3 +386,10 @@ def test_stale_instance_save_is_refused_by_the_optimistic_lock(make_run):
             second.force_failed()
             second.save()
     assert Run.objects.get(pk=run.pk).state == "PREPARING"
+
+
+def test_only_tracing_and_failed_can_be_entered_twice():
+    """The sweeper's TRACING → FAILED → TRACING is the table's one cycle: a
+    copy of a run read outside its lock in any other state is stale only if
+    the run has moved on (``ENTERED_ONCE``, which the stages rely on)."""
+    assert set(RunState) - ENTERED_ONCE == {RunState.TRACING, RunState.FAILED}
