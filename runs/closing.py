@@ -19,8 +19,16 @@ from runs.outbox import emit_step_event
 from runs.statemachine import FINAL_STATE_FOR_CAUSE, TRANSIENT, RunState
 from runs.step_lifecycle import IN_FLIGHT, step_set
 from runs.steps import skip_pending, unstarted_result
-from runs.transitions import TraceRecord, TransitionLost, recorded_at_the_end, run_transition, write_held
+from runs.transitions import (
+    RUN_ROW,
+    TraceRecord,
+    TransitionLost,
+    recorded_at_the_end,
+    run_transition,
+    write_held,
+)
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
+from runtime import statements
 
 S = RunState
 
@@ -32,7 +40,7 @@ def run_close(run_id: int) -> Run | None:
     transition. If writing them fails the run stays in TRACING, where the
     sweeper finds it; it never skips to a final state.
     """
-    run = Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()
+    run = statements.select(Run, run_id, RUN_ROW)
     if run is None or run.is_final:
         return run
     if run.state in TRANSIENT:
@@ -44,7 +52,7 @@ def run_close(run_id: int) -> Run | None:
         # Read under the run's row lock (before the steps', as everywhere),
         # which run_cancel takes too: the cancel request as it finally
         # stands, and a copy the final transition moves as it is.
-        run = Run.objects.select_for_update().defer(*Run.BULKY_FIELDS).get(pk=run_id)
+        run = statements.select_for_update(Run, run_id, RUN_ROW)
         cancel_superseded = run.cancel_requested_at is not None and target != S.CLOSED_CANCELLED
         steps = list(run.steps.order_by("position").only(*CLOSE_STEP_FIELDS))
         fence_unfinished_steps(run, reason=f"run closed as {target}", steps=steps)

@@ -25,7 +25,7 @@ from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
 from runs.settle import executing_started, run_settle
 from runs.statemachine import ENTERED_ONCE, RunState
-from runs.transitions import TraceRecord, TransitionLost, recorded_at_the_end, run_transition
+from runs.transitions import RUN_ROW, TraceRecord, TransitionLost, recorded_at_the_end, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
 from runtime import statements
 
@@ -73,8 +73,7 @@ def _advance(run_id: int):
     to be written at its end: ``transitions.recorded_at_the_end``). A stage
     that loses its run to another writer raises ``TransitionLost`` out of
     the transaction."""
-    # The plan too, which planning reads; the stage needing the other bulky fields loads them.
-    run = Run.objects.defer(*(field for field in Run.BULKY_FIELDS if field != "plan")).filter(pk=run_id).first()
+    run = statements.select(Run, run_id, (*RUN_ROW, "plan"))  # the plan too, which planning reads
     # The first stage's transition moves this copy too (``held``): read
     # outside the row lock, but in a state a run enters only once, so it can
     # be stale only by the run having moved on, which that transition's

@@ -35,6 +35,11 @@ RUN_FIELDS = ("id", "tenant_id", "job_id", "state", "previous_state", "closing_c
               "finished_at", "cancel_requested_at", "cancel_requested_by_id", "executing_started_at", "timeout_s")
 
 
+# The whole row but its bulky fields (a stage needing one loads it), for the
+# readers of a run on every run's path.
+RUN_ROW = tuple(field.attname for field in Run._meta.concrete_fields if field.name not in Run.BULKY_FIELDS)
+
+
 def lock_run(run_id: int) -> Run | None:
     """The run's row lock. Lock order, everywhere: the run, then its steps."""
     return statements.select_for_update(Run, run_id, RUN_FIELDS)
@@ -174,9 +179,10 @@ def _move(run_id: int, target: RunState, attempt: _Attempt, *, current: Run | No
     # request stored by another transaction since our read), and only if the
     # run is still in the state read: django-fsm's optimistic lock, without
     # ``save()``, which would mark the caller's transaction for rollback when
-    # the lock fails.
-    if not Run.objects.filter(pk=run_id, state=source).update(
-            **{name: getattr(run, name) for name in TRANSITION_FIELDS}):
+    # the lock fails. Compiled once (``transition``: this is the state's
+    # transition service).
+    if not statements.update(Run, {"id": run_id, "state": source},
+                             {name: getattr(run, name) for name in TRANSITION_FIELDS}, transition=True):
         raise ConcurrentTransition(f"expected {source}, the run has moved on")
     run._update_initial_state()  # as save() does: a later save of this copy expects the new state
 

@@ -17,7 +17,8 @@ pays nothing):
 - a django-fsm state field, set by ``update`` or by ``insert`` (a model that
   has one at all): a state is written only by its transition service, under
   its optimistic lock, together with what records the transition (for a run:
-  its trace, event and audit row);
+  its trace, event and audit row), and that service says so
+  (``update``'s ``transition``);
 - a field whose ``pre_save`` is not one of Django's own (a FileField's, say)
   among ``update``'s values: it would not run;
 - a field the model says has one writer (``WRITER_ONLY_FIELDS``) among
@@ -43,21 +44,25 @@ from django_fsm import FSMFieldMixin
 _PLAIN_PRE_SAVES = {Field.pre_save, DateField.pre_save, DateTimeField.pre_save, TimeField.pre_save}
 
 
-def update(model: type[Model], where: dict, values: dict, *, using: str = "default") -> int:
+def update(model: type[Model], where: dict, values: dict, *, using: str = "default", transition: bool = False) -> int:
     """``model.objects.filter(**where).update(**values)``, plus the
     ``auto_now`` stamps ``save()`` would write: the number of rows changed.
-    ``where`` values may not be None (no IS NULL here)."""
+    ``where`` values may not be None (no IS NULL here). ``transition``: the
+    caller is the transition service of the model's django-fsm state, which
+    may write it (``runs.transitions``: filtered on the state it read, with
+    what records the transition)."""
     connection = connections[using]
-    sql, params = _update_statement(model, where, values, connection, using)
+    sql, params = _update_statement(model, where, values, connection, using, transition=transition)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
 
-def _update_statement(model: type[Model], where: dict, values: dict, connection, using: str) -> tuple[str, list]:
+def _update_statement(model: type[Model], where: dict, values: dict, connection, using: str, *,
+                      transition: bool = False) -> tuple[str, list]:
     if any(value is None for value in where.values()):
         raise ValueError("statements.update filters on equality only; None needs the ORM")
-    sql, stamped, guarded = _update_sql(model, tuple(values), tuple(where), connection.vendor, using)
+    sql, stamped, guarded = _update_sql(model, tuple(values), tuple(where), connection.vendor, using, transition)
     if guarded:
         model.refuse_direct_write(values)
     # Django's own date/time pre_save only stores its stamp on the instance:
@@ -84,6 +89,13 @@ def insert(objs: list[Model], *, using: str = "default") -> None:
             params = [field.get_db_prep_save(field.pre_save(obj, True), connection=connection)
                       for obj in chunk for field in fields]
             cursor.execute(_insert_sql(model, len(chunk), connection.vendor, using), params)
+
+
+def select(model: type[Model], pk, fields: tuple[str, ...], *, using: str = "default") -> Model | None:
+    """``model.objects.only(*fields).filter(pk=pk).first()``."""
+    connection = connections[using]
+    sql = _select_sql(model, fields, connection.vendor, using, False)
+    return next(iter(model.objects.using(using).raw(sql, [pk])), None)
 
 
 def select_for_update(model: type[Model], pk, fields: tuple[str, ...], *, using: str = "default") -> Model | None:
@@ -181,13 +193,14 @@ def _refuse_state(model: type[Model], field: Field, statement: str) -> None:
 # names the connection that quotes.
 @lru_cache(maxsize=None)
 def _update_sql(model: type[Model], set_names: tuple[str, ...], where_names: tuple[str, ...], vendor: str,
-                using: str) -> tuple[str, tuple[Field, ...], bool]:
+                using: str, transition: bool = False) -> tuple[str, tuple[Field, ...], bool]:
     """The UPDATE, the ``auto_now`` fields it stamps after ``set_names``, and
     whether it writes a field that has one writer."""
     meta = model._meta
     given = [meta.get_field(name) for name in set_names]
     for field in given:
-        _refuse_state(model, field, "update")
+        if not transition:
+            _refuse_state(model, field, "update")
         if type(field).pre_save not in _PLAIN_PRE_SAVES:
             raise ValueError(f"statements.update cannot run the pre_save of {model.__name__}.{field.name}; "
                              "write it through the model's save()")

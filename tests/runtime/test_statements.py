@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from runs.models import AuditLog, Event, Job, Run, Step
 from runtime import statements
-from tests.conftest import postgres_only
+from tests.conftest import ROOT, postgres_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,6 +154,15 @@ def test_update_refuses_the_run_state(make_run):
     with pytest.raises(ValueError, match=r"Run\.state.*transition service"):
         statements.update(Run, {"id": run.pk}, {"previous_state": "PLANNING", "state": "SUCCEEDED"})
     assert Run.objects.filter(pk=run.pk).values_list("state", "previous_state").get() == ("EXECUTING", "")
+
+
+def test_only_the_run_s_transition_service_says_it_is_one():
+    """``update(…, transition=True)`` lets a statement write the state:
+    only ``runs.transitions``, under its optimistic lock, says it."""
+    apps = ("runs", "policy", "approvals", "pages", "runtime", "execgo", "client")
+    saying = sorted(str(path.relative_to(ROOT)) for app in apps for path in (ROOT / app).rglob("*.py")
+                    if "transition=True)" in path.read_text())
+    assert saying == ["runs/transitions.py"]
 
 
 def test_insert_refuses_a_run(tenant, agent):
