@@ -101,11 +101,14 @@ def queue_for(step: Step) -> str:
     return DEFAULT_QUEUE
 
 
-def bind_rated_plans(run_id: int, decision: dict) -> None:
+def bind_rated_plans(run_id: int, decision: dict, *, steps: list[Step] | None = None) -> None:
     """Each shell step keeps the effective plan the policy rated it on
     (``Step.rated_plan``): it runs only on a host that gives it that plan or
-    a stronger one (``queue_for`` and ``weaker_than_rated``)."""
-    bind_rated_plans_of(list(Step.objects.filter(run_id=run_id).only("pk", "step_id")), decision)
+    a stronger one (``queue_for`` and ``weaker_than_rated``). ``steps``: the
+    run's, when the caller has them (set on them too), else read."""
+    if steps is None:
+        steps = list(Step.objects.filter(run_id=run_id).only("pk", "step_id"))
+    bind_rated_plans_of(steps, decision)
 
 
 def bind_rated_plans_of(steps: list[Step], decision: dict) -> None:

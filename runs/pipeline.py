@@ -84,7 +84,7 @@ def _advance(run_id: int):
             return None
         if run.state == S.EXECUTING:
             executing_started(run)
-            return run_settle(run_id, claim_one=True, warm_first=True)
+            return run_settle(run_id, claim_one=True, warm_first=True, steps=getattr(run, "planned_steps", None))
         if run.state == S.AWAITING_HITL and run.cancel_requested_at is not None:
             # A cancel requested before the run reached its first state with a
             # CANCELLED edge is applied here, not left for the approver.
@@ -139,20 +139,25 @@ def _plan(run: Run, held: bool = False) -> Run:
         emit([Event(type=EventType.TASK_SUBMITTED, run=run, task_id=step.step_id, timestamp=now,
                     message=f"{step.tool} step submitted", data={"depends_on": step.depends_on})
               for step in created])
+        # Handed on with the run to the next stages of this transaction, which
+        # hold its row lock: they rate and start these, not a read of them.
+        run.planned_steps = created
         return run_transition(run, S.POLICY_CHECK, expected=S.PLANNING, held=held,
                               trace=TraceRecord(TraceKind.TOOL_INVOCATION, {"tool": "planner", "steps": len(steps),
                                                                              **trace_data}))
 
 
 def _check_policy(run: Run, held: bool) -> Run:
-    decision = evaluate_policy(run)
+    planned = getattr(run, "planned_steps", None)  # else read: the stages began at POLICY_CHECK
+    decision = evaluate_policy(run, planned)
     trace = TraceRecord(TraceKind.POLICY_DECISION, decision.data, error=decision.error)
     if decision.rejected:
         return run_transition(run, S.REJECTED, expected=S.POLICY_CHECK, held=held, trace=trace,
                               message=decision.error["message"] if decision.error else "rejected by policy")
     if decision.risk == "high":
         with statements.in_transaction():
-            bind_rated_plans(run.pk, decision.data)  # before the request (its digest binds them) or a grant's match
+            # Before the request (its digest binds them) or a grant's match.
+            bind_rated_plans(run.pk, decision.data, steps=planned)
             granted = approvals.covering_grants(run, decision.data)
             if granted is not None:  # every high-risk step allowed again by an approver: no wait
                 decision.data["standing_grants"] = granted
@@ -168,7 +173,7 @@ def _check_policy(run: Run, held: bool) -> Run:
                 _request_approval(run, decision.data)
             return moved
     with statements.in_transaction():
-        bind_rated_plans(run.pk, decision.data)
+        bind_rated_plans(run.pk, decision.data, steps=planned)
         return run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, held=held, trace=trace)
 
 

@@ -92,7 +92,7 @@ def executing_started(run: Run) -> None:
 
 
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None,
-               warm_first: bool = False) -> Claim | None:
+               warm_first: bool = False, steps: list[Step] | None = None) -> Claim | None:
     """Decide the run's next move. With ``claim_one``, one ready step that
     may run here is started at once for the caller to execute in-process
     (saving a broker round trip and a transaction on a sequential plan),
@@ -102,17 +102,21 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", call
     deadline scan); the edge's own caller otherwise. ``warm_first`` (the
     run has just entered EXECUTING): the step to be started here is
     forecast, and its shim forked with its sandbox pre-started while this
-    transaction dispatches it and commits (the claim carries the spare)."""
+    transaction dispatches it and commits (the claim carries the spare).
+    ``steps``: with ``warm_first``, the run's steps as its stages just
+    created and rated them in the caller's transaction, else read here."""
     spare = forecast = None
     try:
         with statements.in_transaction():  # no savepoint in the stages' transaction
             run = lock_run(run_id)
-            steps = None
             if warm_first and claim_one and run is not None and run.state == S.EXECUTING:
-                steps = list(Step.objects.filter(run_id=run_id).only(*SETTLE_STEP_FIELDS))
+                if steps is None:
+                    steps = list(Step.objects.filter(run_id=run_id).only(*SETTLE_STEP_FIELDS))
                 first, forecast = forecast_next(None, steps) or (None, None)
                 if first is not None:
                     spare = warm_shim(first, following=first, handle_id=forecast.handle_id, plan=forecast.plan)
+            else:
+                steps = None
             claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller,
                                          steps=steps, forecast=forecast)
         if spare is not None and claim is not None and claim.started is not None \

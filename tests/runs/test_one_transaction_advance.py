@@ -156,7 +156,7 @@ def test_an_llm_planner_is_called_between_two_transactions(tenant, agent, settin
 def test_a_failure_inside_a_stage_rolls_the_stages_back_and_the_run_is_driven_again(tenant, agent, monkeypatch):
     run_id = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run.pk
 
-    def broken(run):
+    def broken(run, steps=None):
         raise RuntimeError("the policy store is unreachable")
 
     monkeypatch.setattr(runs.pipeline, "evaluate_policy", broken)
