@@ -101,7 +101,7 @@ def _advance(run_id: int):
         # it since (a cancel waits for the commit), and the next stage's
         # transition moves this copy without reading the run again.
         held = True
-        run = moved if moved is not None else Run.objects.defer(*Run.BULKY_FIELDS).filter(pk=run_id).first()
+        run = moved if moved is not None else statements.select(Run, run_id, RUN_ROW)
 
 
 def _prepare(run: Run, held: bool) -> Run:

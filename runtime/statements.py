@@ -107,12 +107,6 @@ def select_for_update(model: type[Model], pk, fields: tuple[str, ...], *, using:
     return next(iter(model.objects.using(using).raw(sql, [pk])), None)
 
 
-def insert_and_update(obj: Model, model: type[Model], where: dict, values: dict, *, using: str = "default") -> None:
-    """``insert([obj])`` then ``update(model, where, values)``: one statement
-    on PostgreSQL, two elsewhere (``write_together``)."""
-    write_together([[obj]], [(model, where, values)], using=using)
-
-
 def write_together(inserts: list[list[Model]], updates: list[tuple[type[Model], dict, dict]], *,
                    using: str = "default") -> None:
     """``insert`` of each list of ``inserts``, then ``update`` of each

@@ -110,7 +110,7 @@ def test_select_for_update_holds_the_row_lock_until_commit(make_run):
         assert other.execute("SELECT id FROM runs_run WHERE id = %s FOR UPDATE NOWAIT", [run.pk]).fetchone() == (run.pk,)
 
 
-def test_insert_and_update_write_both_in_one_round_trip_on_postgresql(make_run):
+def test_an_insert_and_an_update_written_together_take_one_round_trip_on_postgresql(make_run):
     run = make_run("EXECUTING")
     step = make_step(run)
     event = Event(type="task_progressed", run=run, task_id="a", handle_id="h-1", timestamp=WHEN, data=RESULT)
@@ -121,8 +121,8 @@ def test_insert_and_update_write_both_in_one_round_trip_on_postgresql(make_run):
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(counting):
-        statements.insert_and_update(event, Step, {"id": step.pk, "attempt": 2},
-                                     {"run_status": "success", "result": RESULT})
+        statements.write_together([[event]], [(Step, {"id": step.pk, "attempt": 2},
+                                                {"run_status": "success", "result": RESULT})])
 
     assert len(sent) == (2 if connection.vendor == "sqlite" else 1)
     assert list(Event.objects.filter(run=run, task_id="a").values_list("type", "handle_id", "timestamp", "data")) \
