@@ -27,7 +27,7 @@ from django.utils import timezone
 from kombu.exceptions import ChannelError, OperationalError
 
 from runs.dataplane import DEFAULT_QUEUE, capability_queues, host_capabilities, host_queue
-from runs.models import Dispatch, Step
+from runs.models import Dispatch, Run, Step
 from runtime.forkserver import ShimLink
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,10 @@ class Claim:
     steps: list[Step] | None = field(default=None, compare=False)
     # A shim forked ahead for the started attempt (``dataplane.warm_shim``).
     spare: ShimLink | None = field(default=None, compare=False)
+    # The run whose timer is owed once this worker's chain of claims ends
+    # (``settle.arm_timer_if_executing``): set by the claim of a run that has
+    # just entered EXECUTING, whose timer is not armed before it is needed.
+    timer_owed: Run | None = field(default=None, compare=False)
 
     def runnable_here(self) -> bool:
         return self.queue == DEFAULT_QUEUE or self.queue in capability_queues(host_capabilities())

@@ -54,7 +54,7 @@ from runs.ledger_heal import ledger_heal
 from runs.metrics import count_step_end
 from runs.models import AuditEvent, EventType, Run, Step, StepRunStatus, StepStatus
 from runs.outbox import emit, emit_step_event, step_event
-from runs.settle import Forecast, forecast_next, settle_locked
+from runs.settle import Forecast, arm_timer_if_executing, forecast_next, settle_locked
 from runs.statemachine import RunState
 from runs.step_lifecycle import step_set
 from runs.steps import unstarted_result
@@ -392,8 +392,17 @@ def record_progress(run_id: int, step: Step, attempt: int, percent: int, message
 
 
 def execute_claims(claim: Claim | None) -> None:
-    """Run a chain of in-process claims until settle hands back none."""
-    while claim is not None:
-        claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, steps=claim.steps,
-                             spare=claim.spare)
+    """Run a chain of in-process claims until settle hands back none; then
+    arm the run timer the first claim owed, if its run is still EXECUTING."""
+    owed = claim.timer_owed if claim is not None else None
+    try:
+        while claim is not None:
+            claim = step_execute(claim.step_pk, claim.attempt, started=claim.started, steps=claim.steps,
+                                 spare=claim.spare)
+    finally:
+        if owed is not None:
+            try:
+                arm_timer_if_executing(owed)
+            except Exception:  # the database or the broker is down: the deadline scan stands in
+                logger.exception("run %s: could not arm its timer", owed.pk)
 

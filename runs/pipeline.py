@@ -8,6 +8,7 @@ optimistic lock decides; the next ones hold the run's row lock).
 """
 
 import logging
+from dataclasses import replace
 
 from django.db import transaction
 from django.utils import timezone
@@ -83,8 +84,12 @@ def _advance(run_id: int):
         if run is None or run.is_final:
             return None
         if run.state == S.EXECUTING:
-            executing_started(run)
-            return run_settle(run_id, claim_one=True, warm_first=True, steps=getattr(run, "planned_steps", None))
+            claim = run_settle(run_id, claim_one=True, warm_first=True, steps=getattr(run, "planned_steps", None))
+            if claim is None:  # nothing runs here now: the timer at once
+                executing_started(run)
+                return None
+            # The chain this claim starts arms it if the run outlives it (``execute_claims``).
+            return replace(claim, timer_owed=run)
         if run.state == S.AWAITING_HITL and run.cancel_requested_at is not None:
             # A cancel requested before the run reached its first state with a
             # CANCELLED edge is applied here, not left for the approver.

@@ -83,12 +83,26 @@ def forecast_next(finished: Step | None, steps: list[Step]) -> tuple[Step, Forec
 
 def executing_started(run: Run) -> None:
     """Arm the harness's own run timer: a settle at the deadline fires
-    TIMEOUT even when no step ever finishes (the sweeper is the fallback)."""
+    TIMEOUT even when no step ever finishes (the deadline scan is the
+    fallback). A run that entered EXECUTING in a worker's chain of claims
+    gets it when that chain ends, only if it is still EXECUTING then
+    (``arm_timer_if_executing``): most short runs end inside that chain and
+    never need one."""
     remaining = max((run.deadline - timezone.now()).total_seconds(), 0)
     # Expires: a timer parked in a dead worker's unacked set comes back
     # hours later (Redis' visibility timeout) and is then dropped unrun; the
     # deadline scan (runs.deadlines) has long enforced the deadline by then.
     enqueue_settle(run.pk, countdown=remaining + 0.5, expires=remaining + 60)
+
+
+def arm_timer_if_executing(run: Run) -> None:
+    """The timer a chain of claims owed its run (``Claim.timer_owed``),
+    armed now that the chain has ended, if the run is still EXECUTING: a
+    step handed to the watcher, dispatched elsewhere or back in the queue.
+    A worker that dies before this leaves the run to the deadline scan,
+    as a dead worker's parked timer would."""
+    if Run.objects.filter(pk=run.pk, state=S.EXECUTING).exists():
+        executing_started(run)
 
 
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None,
