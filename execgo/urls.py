@@ -1,11 +1,12 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
 from approvals import api as approvals_api
 from execgo import health
 from runs.api import errors as api_errors
+from runs.api.views import SchemaView
 from runs.metrics_view import metrics_view
 
 # Under /api/ Django's own error pages are the API's error envelope.
@@ -16,7 +17,7 @@ handler500 = api_errors.server_error
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/schema/", SchemaView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/approvals", approvals_api.ApprovalListView.as_view(), name="api-approvals"),
     path("api/v1/approvals/bulk", approvals_api.ApprovalBulkView.as_view(), name="api-approvals-bulk"),

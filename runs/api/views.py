@@ -7,7 +7,9 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils import translation
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
@@ -265,3 +267,22 @@ class MemoryListView(generics.ListAPIView):
 
     def get_queryset(self):
         return memories_for_user(self.request.user).order_by("-id")
+
+
+class SchemaView(SpectacularAPIView):
+    """``/api/v1/schema/``: the OpenAPI schema, the same for every caller of
+    one deployment (public: not filtered by who asks), generated once a
+    process for each version and language asked for rather than on every
+    request (seconds of CPU each time)."""
+
+    _generated: dict[tuple[str | None, str | None], dict] = {}
+
+    def _get_schema_response(self, request):
+        version = self.api_version or request.version or self._get_version_parameter(request)
+        key = (version, translation.get_language())
+        schema = self._generated.get(key)
+        if schema is None:
+            generator = self.generator_class(urlconf=self.urlconf, api_version=version, patterns=self.patterns)
+            schema = self._generated[key] = generator.get_schema(request=request, public=True)
+        return Response(data=schema, headers={
+            "Content-Disposition": f'inline; filename="{self._get_filename(request, version)}"'})

@@ -79,3 +79,32 @@ def test_waiting_endpoints_are_documented(schema):
     assert set(wait["responses"]) == {"200", "400", "401", "404", "500"}
     stream = schema["paths"]["/api/v1/runs/{run_id}/stream"]["get"]
     assert "text/event-stream" in stream["responses"]["200"]["content"]
+
+
+@pytest.mark.django_db
+def test_the_served_schema_is_generated_once_a_process_and_is_the_same_for_every_caller(monkeypatch, tenant, agent):
+    from rest_framework.test import APIClient
+
+    from runs.api.views import SchemaView
+    from tests.conftest import make_token, make_user
+
+    alice = make_user("alice", tenant, groups=("approvers",))
+    monkeypatch.setattr(SchemaView, "_generated", {})
+    generated = []
+    real = SchemaGenerator.get_schema
+
+    def counting(self, *args, **kwargs):
+        generated.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SchemaGenerator, "get_schema", counting)
+    answers = []
+    for user in (agent, alice, agent):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {make_token(user)}")
+        response = client.get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+        assert response.status_code == 200
+        answers.append(response.json())
+    assert len(generated) == 1
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0] == SchemaGenerator().get_schema(request=None, public=True)

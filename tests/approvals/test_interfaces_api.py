@@ -138,6 +138,10 @@ def test_an_agents_token_gets_403_on_every_endpoint(tenant, pending, groups):
         ("get", f"/api/v1/approvals/{pending.pk}", None),
         ("post", f"/api/v1/approvals/{pending.pk}/approve", {"digest": pending.action_digest, "comment": "self-approved"}),
         ("post", f"/api/v1/approvals/{pending.pk}/reject", {"digest": pending.action_digest, "comment": "self-rejected"}),
+        ("post", "/api/v1/approvals/bulk", {"decision": "approve", "items": [{"id": pending.pk,
+                                                                              "digest": pending.action_digest}]}),
+        ("get", "/api/v1/approvals/grants", None),
+        ("post", "/api/v1/approvals/grants/1/revoke", {"comment": "not mine"}),
     ):
         response = getattr(agent_api, method)(url, payload, format="json") if payload else agent_api.get(url)
         error_of(response, 403, "denied")
