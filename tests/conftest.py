@@ -56,12 +56,6 @@ def steps_placed_directly(request):
         yield
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # Users are created in most tests; PBKDF2 would cost ~0.2 s each.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def _seed_policy(apps) -> None:
     """The default policy as the migrations write it, with their own
     functions (a no-op when it is there)."""

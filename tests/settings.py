@@ -64,3 +64,9 @@ for _alias in DATABASES.values():  # noqa: F405
 for _alias in DATABASES.values():  # noqa: F405
     if _alias["ENGINE"].endswith("postgresql"):
         _alias["OPTIONS"] = {**_alias.get("OPTIONS", {}), "options": "-c synchronous_commit=off"}
+
+# Every process of the suite (the servers and workers it starts too) hashes
+# passwords with a fast hasher: users are created in most tests, and one
+# PBKDF2 hash costs seconds of CPU on a small machine. PBKDF2, the
+# deployment's, still checks a password hashed with it.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", "django.contrib.auth.hashers.PBKDF2PasswordHasher"]

@@ -175,7 +175,6 @@ PLAN = {"steps": [
 def test_a_run_through_the_api_and_a_worker_logs_json_with_its_ids_and_no_secret(agent, tenant, web, tmp_path,
                                                                                     settings):
     base, web_log, web_stdout = web
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]  # what the server checks with
     token = make_token(agent)
     person = User.objects.create_user(username="operator", password=PASSWORD)
     Membership.objects.create(user=person, tenant=tenant)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.test import Client, override_settings
+from django.test import Client
 
 from tests.conftest import ROOT, _worker_env, free_port, make_user
 from tests.pages.pages_helpers import signed_in
@@ -87,9 +87,7 @@ def live_web(transactional_db):
 def approver(tenant):
     """alice, an approver who logs in through the form with PASSWORD."""
     user = make_user("alice", tenant, groups=("approvers",))
-    # Hashed with a hasher the server knows (this process uses a fast test-only one).
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        user.set_password(PASSWORD)
+    user.set_password(PASSWORD)
     user.save()
     return user
 

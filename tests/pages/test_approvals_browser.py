@@ -4,7 +4,6 @@ command, and Approve runs it; Reject with a reason closes the run rejected
 and the reason is on the run page. Screenshots under var/screenshots/."""
 
 import pytest
-from django.test import override_settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
@@ -139,8 +138,7 @@ def test_a_view_that_went_stale_is_told_live_and_its_decision_refused(browser, l
     changed, and her Approve on it is refused: the request stays pending,
     with a stale_view audit row and no decision of hers."""
     bob = make_user("bob", tenant, groups=("approvers",))
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        bob.set_password(PASSWORD)
+    bob.set_password(PASSWORD)
     bob.save()
     run = make_plain_run(tenant, agent)
     approval = open_for_run(run, approvals_required=2)

@@ -52,8 +52,7 @@ def test_a_link_from_a_mail_shows_the_login_then_the_request_and_approve_decides
 
 def test_the_settings_page_takes_channels_and_refuses_a_chat_host_off_the_list(page, live_web, tenant):
     user = make_user("carol", tenant, groups=("approvers",))
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        user.set_password(PASSWORD)
+    user.set_password(PASSWORD)
     user.save()
     page.goto("/accounts/login/")
     page.get_by_label("Username").fill("carol")

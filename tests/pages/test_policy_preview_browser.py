@@ -5,7 +5,6 @@ its run, and nothing is saved until they go back and save it."""
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.test import override_settings
 from playwright.sync_api import expect
 
 from policy.interface import current_policy_version
@@ -21,8 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def staff(tenant):
     user = make_user("carol", tenant)
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        user.set_password(PASSWORD)
+    user.set_password(PASSWORD)
     user.is_staff = True
     user.save()
     user.user_permissions.set(Permission.objects.filter(content_type__app_label="policy"))
