@@ -9,6 +9,11 @@ REDIS_LAYER ?= redis://127.0.0.1:6379/15
 
 .PHONY: run test test-deps test-sqlite test-postgres lint bench migrate clean sandbox
 
+## Python's bytecode cache stays on (an environment may turn it off): without it every
+## process the suite starts compiles each module it imports again, and each test process
+## rewrites every test module's asserts again (collection took twice as long).
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

@@ -35,8 +35,6 @@ from __future__ import annotations
 import re
 import shlex
 
-import bashlex
-
 from policy.shell_commands import ASSIGNMENT_RE, INLINE_OPTIONS, PARAMETER_RE, SHELLS, read_command, stdin_text
 from policy.shell_parsed import INLINE_CODE, MAX_DEPTH, UNRESOLVABLE, Context, ParsedShell, SimpleCommand, Word
 
@@ -73,6 +71,11 @@ def _script(script: str, ctx: Context) -> None:
         return
     if not script.strip():
         return
+    # Imported on first use: bashlex builds its parser's tables as it is
+    # imported (a tenth of a second and more), which a process that never
+    # reads a script (most web requests, manage.py) need not pay.
+    import bashlex
+
     try:
         trees = bashlex.parse(script)
     # bashlex raises ParsingError, NotImplementedError (case, arithmetic,
