@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
 from django.db import connection
-from django.db.models.signals import post_migrate
-from django.dispatch import receiver
+from django.test import TransactionTestCase
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -63,17 +64,18 @@ def _seed_policy(apps) -> None:
     importlib.import_module("runs.migrations.0011_policy_argv_rules").seed_word_rules(apps, None)
 
 
-@receiver(post_migrate)
-def _seed_policy_after_flush(sender, apps=None, **kwargs):
-    """A transactional test empties the tables after itself, the seeded
-    policy included, and Django then sends ``post_migrate``: the policy is
-    put back, so every test starts on the database as migrated, whichever
-    tests its process ran before (pytest-xdist hands out whole modules,
-    transactional or not, in any order)."""
-    if sender.label == "policy":
-        from django.apps import apps as installed
+def _flush_as_migrated(self) -> None:
+    """After a transactional test: the tables emptied and the rows the
+    migrations wrote put back by the suite's backends (tests/backends),
+    without Django's ``post_migrate``, whose receivers would only look up
+    every content type and permission again (about 40 ms a test)."""
+    for db_name in self._databases_names(include_mirrors=False):
+        call_command("flush", verbosity=0, interactive=False, database=db_name, reset_sequences=False,
+                     allow_cascade=self.available_apps is not None, inhibit_post_migrate=True)
+    ContentType.objects.clear_cache()  # a test may have made or renamed some
 
-        _seed_policy(apps or installed)  # the flush sends no ``apps``: the models as they are
+
+TransactionTestCase._fixture_teardown = _flush_as_migrated
 
 
 @pytest.fixture
@@ -241,7 +243,10 @@ def _worker_env() -> dict:
     else:
         database_url = f"postgres://{db['USER'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     return {**os.environ, "DATABASE_URL": database_url, "EXECGO_DATA_DIR": str(settings.DATA_DIR),
-            "CELERY_TASK_ALWAYS_EAGER": "false", "PYTHONUNBUFFERED": "1"}
+            "CELERY_TASK_ALWAYS_EAGER": "false", "PYTHONUNBUFFERED": "1",
+            # A worker's start runs Django's system checks only to log what they find (a third of its
+            # start's CPU); the suite's workers start dozens of times, and the checks have tests of their own.
+            "CELERY_SKIP_CHECKS": "1"}
 
 
 class WorkerProcess:

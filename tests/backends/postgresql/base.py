@@ -1,4 +1,5 @@
-"""PostgreSQL, flushed with ``DELETE`` (see tests/backends/__init__.py).
+"""PostgreSQL, flushed with ``DELETE`` and put back as migrated (see
+tests/backends/__init__.py).
 
 Triggers are skipped for the flush's own transaction
 (``session_replication_role = replica``): the audit tables' append-only
@@ -8,18 +9,25 @@ is; with another user the flush is Django's TRUNCATE."""
 
 from django.db.backends.postgresql import base, creation, operations
 
-from tests.backends import emptied
+from tests.backends import keep_as_migrated, restore_as_migrated
 
 
 class DatabaseOperations(operations.DatabaseOperations):
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
         if reset_sequences or not self.connection.is_superuser():
-            return super().sql_flush(style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
-        return ["SET LOCAL session_replication_role = replica",
-                *(f"DELETE FROM {self.quote_name(table)}" for table in emptied(tables))]
+            emptied = super().sql_flush(style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        else:
+            emptied = ["SET LOCAL session_replication_role = replica",
+                       *(f"DELETE FROM {self.quote_name(table)}" for table in sorted(tables))]
+        return [*emptied, *restore_as_migrated(self.connection, tables)]
 
 
 class DatabaseCreation(creation.DatabaseCreation):
+    def create_test_db(self, *args, **kwargs):
+        name = super().create_test_db(*args, **kwargs)
+        keep_as_migrated(self.connection)
+        return name
+
     def _destroy_test_db(self, test_database_name, verbosity):
         """Dropped ``WITH (FORCE)`` at the end of the session: a connection
         that a thread of this process opened and kept (asgiref's executor

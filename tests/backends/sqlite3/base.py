@@ -1,15 +1,24 @@
-"""SQLite, whose flush keeps the content types and permissions (see
-tests/backends/__init__.py); it empties the other tables as Django does."""
+"""SQLite, whose flush puts the rows the migrations wrote back (see
+tests/backends/__init__.py); it empties the tables as Django does."""
 
-from django.db.backends.sqlite3 import base, operations
+from django.db.backends.sqlite3 import base, creation, operations
 
-from tests.backends import emptied
+from tests.backends import keep_as_migrated, restore_as_migrated
 
 
 class DatabaseOperations(operations.DatabaseOperations):
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
-        return super().sql_flush(style, emptied(tables), reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        emptied = super().sql_flush(style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [*emptied, *restore_as_migrated(self.connection, tables)]
+
+
+class DatabaseCreation(creation.DatabaseCreation):
+    def create_test_db(self, *args, **kwargs):
+        name = super().create_test_db(*args, **kwargs)
+        keep_as_migrated(self.connection)
+        return name
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     ops_class = DatabaseOperations
+    creation_class = DatabaseCreation
