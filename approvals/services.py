@@ -90,34 +90,13 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
         raise ExecGoError(ErrorCode.INVALID_INPUT, refusal, source="approval",
                           details={"request": request.pk, "fields": {"grant_hours": [refusal]}})
 
-    refused = voided = stale = None
-    needs_reason, approvals = False, 0
+    approvals = 0
     with transaction.atomic():
         lock_run(request.run_id)  # the run first, as everywhere
         locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
         now = timezone.now()
-        if locked.status != ApprovalStatus.PENDING:
-            refused = f"this request is {locked.status}; nothing is pending"
-        elif now >= locked.expires_at:
-            refused = "this request expired"
-        elif locked.decisions.filter(decider=actor).exists():
-            refused = "you already decided this request"
-        elif digest != locked.action_digest:
-            refused = stale = STALE_VIEW
-        elif action_digest(steps := list(Step.objects.filter(run_id=locked.run_id).order_by("position")),
-                           locked.policy_version) != locked.action_digest:
-            voided = "the plan changed since the approval was requested"
-        elif current_policy_version(locked.tenant_id) != locked.policy_version:
-            voided = "the policy changed since the approval was requested"
-        elif not approve and not comment.strip():
-            needs_reason = True  # refused below, with nothing written: not a decision at all
-        elif edits and locked.decisions.exists():
-            refused = "edits come with the first decision: others approved the plan as it stands"
-        elif edits:
-            # Raises (and rolls back) when the edit is invalid or denied.
-            run = Run.objects.get(pk=locked.run_id)
-            edited = edited_steps(run, steps, edits)
-            apply_edit(locked, run, steps, edited, rate_edit(run, edited), actor, now=now)
+        verdict = _judge(locked, actor, approve=approve, digest=digest, comment=comment, edits=edits, now=now)
+        refused, voided, stale, needs_reason = verdict.refused, verdict.voided, verdict.stale, verdict.needs_reason
         if voided:
             request_finish(locked, ApprovalStatus.VOIDED, now=now, decided_by=actor, reason=voided)
             audit(AuditEvent.APPROVAL_VOIDED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
@@ -141,6 +120,45 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
     _take_effect(locked, actor)  # recorded and committed: only now does the decision take effect
     count_approval_decision(locked)
     return Outcome(request=locked, approvals=approvals)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What the rules of a decision say of one (all empty: record it)."""
+
+    refused: str | None = None  # not recorded: why
+    voided: str | None = None  # the request is void: why
+    stale: bool = False  # refused because the view it was made on is not the request's now
+    needs_reason: bool = False  # a rejection with no reason: not a decision at all
+
+
+def _judge(locked: ApprovalRequest, actor, *, approve: bool, digest: str, comment: str,
+           edits: dict[str, dict] | None, now) -> _Verdict:
+    """The rules of a decision, checked in order under the run's and the
+    request's locks; the first that fails decides. An edit that passes them
+    is applied here (raising, and rolling back, when invalid or denied)."""
+    if locked.status != ApprovalStatus.PENDING:
+        return _Verdict(refused=f"this request is {locked.status}; nothing is pending")
+    if now >= locked.expires_at:
+        return _Verdict(refused="this request expired")
+    if locked.decisions.filter(decider=actor).exists():
+        return _Verdict(refused="you already decided this request")
+    if digest != locked.action_digest:
+        return _Verdict(refused=STALE_VIEW, stale=True)
+    steps = list(Step.objects.filter(run_id=locked.run_id).order_by("position"))
+    if action_digest(steps, locked.policy_version) != locked.action_digest:
+        return _Verdict(voided="the plan changed since the approval was requested")
+    if current_policy_version(locked.tenant_id) != locked.policy_version:
+        return _Verdict(voided="the policy changed since the approval was requested")
+    if not approve and not comment.strip():
+        return _Verdict(needs_reason=True)
+    if edits and locked.decisions.exists():
+        return _Verdict(refused="edits come with the first decision: others approved the plan as it stands")
+    if edits:
+        run = Run.objects.get(pk=locked.run_id)
+        edited = edited_steps(run, steps, edits)
+        apply_edit(locked, run, steps, edited, rate_edit(run, edited), actor, now=now)
+    return _Verdict()
 
 
 def _refuse(locked: ApprovalRequest, actor, decision: str, refused: str, *, stale_digest: str | None) -> None:

@@ -5,6 +5,9 @@ services: SQLite (WAL) and Celery's filesystem broker under EXECGO_DATA_DIR.
 Production sets DATABASE_URL=postgres://… and CELERY_BROKER_URL=redis://….
 What is built rather than listed (DATABASES, LOGGING, beat's schedule, the
 REST framework's settings, a step's default limits) comes from the modules below.
+It stays over 400 lines because it is the one list of every setting, each
+with the comment an operator reads (the README's Configuration table is
+checked against it).
 """
 
 import os

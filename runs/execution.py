@@ -16,6 +16,9 @@ its handle and plan are fixed then, so the spare can also set up its
 sandbox meanwhile (``runtime.shim_prestart.Prestart``); the shim runs the
 command there only if the step's request turns out to be exactly the one
 forecast.
+
+The module stays a little over 400 lines: an attempt's claim, launch and
+fenced finish share their fences and are read together.
 """
 
 import logging
