@@ -18,7 +18,7 @@ from django.db import DatabaseError, connection, transaction
 
 from runs.audit import audit, sqlite_audit_erasable
 from runs.audit_hash import GENESIS, row_content, row_digest
-from runs.invariants import audit_chain_breaks
+from runs.invariants import audit_chain_breaks, find_violations
 from runs.models import AuditChainHead, AuditEvent, AuditLog, Tenant
 from runs.transitions import recorded_at_the_end
 from tests.conftest import ROOT, _worker_env, postgres_only
@@ -505,8 +505,7 @@ def _insert_forged(rows):
                          ids=["edit", "edit-and-rehash", "delete-middle", "delete-last", "insert-forged"])
 def test_execgo_reconcile_names_the_first_broken_row(tenant, tamper):
     write(tenant.pk, 4)
-    clean = manage("execgo_reconcile")
-    assert (clean.returncode, clean.stdout) == (0, "reconcile: all invariants hold\n"), clean.stdout + clean.stderr
+    assert find_violations() == []  # the command's clean answer is test_reconcile.py's
 
     expected = tamper(chain_of(tenant.pk))
     result = manage("execgo_reconcile")

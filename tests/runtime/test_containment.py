@@ -286,8 +286,10 @@ def test_a_fork_bomb_in_a_default_step_stays_bounded(iteration):
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
+        # Half a second: the bomb meets the process limit within milliseconds, and
+        # every tenth of a second more is a core's worth of forking (20 repeats).
         result = executor.execute(handle_id, tool="shell", params={"argv": [SYSTEM_PYTHON, "-c", FORK_BOMB]},
-                                  timeout_s=1, attempt=1, plan=plan)
+                                  timeout_s=0.5, attempt=1, plan=plan)
     finally:
         done.set()
         sampler.join()
