@@ -213,10 +213,10 @@ def wait_until(predicate, *, timeout: float = 30.0, what: str = "condition") -> 
 
 
 # Each test process picks the loopback ports of the servers it starts from a
-# range of its own (its slot, tests/settings.py: 20000, 21000, …, below the
-# kernel's ephemeral range), so two of them never choose the same free port
-# between checking it and binding it.
-PORT_RANGE = 1000
+# range of its own (its slot, tests/settings.py: 20000, 20500, …, below the
+# kernel's ephemeral range from 32768 for all 16 slots), so two of them never
+# choose the same free port between checking it and binding it.
+PORT_RANGE = 500
 _port_base = 20000 + PORT_RANGE * int(os.environ.get("EXECGO_TEST_SLOT", "0"))
 _port_cursor = 0
 

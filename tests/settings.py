@@ -21,7 +21,7 @@ os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testser
 # The SQLite and the PostgreSQL passes may run side by side (two make
 # targets at once): the second's workers take the slots after the first's,
 # for uids and ports.
-PASS_SLOTS = 4
+PASS_SLOTS = 8
 
 
 def _isolate_xdist_worker(worker: str) -> None:
@@ -33,12 +33,12 @@ def _isolate_xdist_worker(worker: str) -> None:
     os.environ["EXECGO_TEST_SLOT"] = str(slot)
     data_dir = os.environ.get("EXECGO_DATA_DIR") or os.path.join(os.path.dirname(os.path.dirname(__file__)), "var")
     os.environ["EXECGO_DATA_DIR"] = os.path.join(data_dir, worker)
-    for name in ("CELERY_BROKER_URL", "REDIS_URL"):  # redis://host:port/N -> N - 4 × index
+    for name in ("CELERY_BROKER_URL", "REDIS_URL"):  # redis://host:port/N -> N - 2 × index
         url = os.environ.get(name, "")
         if match := re.fullmatch(r"(redis://.*/)(\d+)", url):
-            number = int(match[2]) - 4 * index
+            number = int(match[2]) - 2 * index
             if number < 0:
-                raise RuntimeError(f"too many xdist workers for {name}={url}: at most {int(match[2]) // 4 + 1}")
+                raise RuntimeError(f"too many xdist workers for {name}={url}: at most {int(match[2]) // 2 + 1}")
             os.environ[name] = f"{match[1]}{number}"
     base = os.environ.get("EXECGO_SANDBOX_UID", "1000000")
     if base.isdigit():
