@@ -34,6 +34,16 @@ def keep_as_migrated(connection) -> None:
     _kept.pop(connection.settings_dict["NAME"], None)
 
 
+class KeepingAsMigrated:
+    """For a backend's ``DatabaseCreation``: the test database, once
+    migrated, keeps copies of the rows its migrations wrote."""
+
+    def create_test_db(self, *args, **kwargs):
+        name = super().create_test_db(*args, **kwargs)
+        keep_as_migrated(self.connection)
+        return name
+
+
 def _kept_tables(connection) -> list[tuple[str, list[str]]]:
     """(table, columns) of each kept copy, read once a process."""
     name = connection.settings_dict["NAME"]

@@ -9,7 +9,7 @@ is; with another user the flush is Django's TRUNCATE."""
 
 from django.db.backends.postgresql import base, creation, operations
 
-from tests.backends import keep_as_migrated, restore_as_migrated
+from tests.backends import KeepingAsMigrated, restore_as_migrated
 
 
 class DatabaseOperations(operations.DatabaseOperations):
@@ -22,12 +22,7 @@ class DatabaseOperations(operations.DatabaseOperations):
         return [*emptied, *restore_as_migrated(self.connection, tables)]
 
 
-class DatabaseCreation(creation.DatabaseCreation):
-    def create_test_db(self, *args, **kwargs):
-        name = super().create_test_db(*args, **kwargs)
-        keep_as_migrated(self.connection)
-        return name
-
+class DatabaseCreation(KeepingAsMigrated, creation.DatabaseCreation):
     def _destroy_test_db(self, test_database_name, verbosity):
         """Dropped ``WITH (FORCE)`` at the end of the session: a connection
         that a thread of this process opened and kept (asgiref's executor

@@ -3,7 +3,7 @@ tests/backends/__init__.py); it empties the tables as Django does."""
 
 from django.db.backends.sqlite3 import base, creation, operations
 
-from tests.backends import keep_as_migrated, restore_as_migrated
+from tests.backends import KeepingAsMigrated, restore_as_migrated
 
 
 class DatabaseOperations(operations.DatabaseOperations):
@@ -12,11 +12,8 @@ class DatabaseOperations(operations.DatabaseOperations):
         return [*emptied, *restore_as_migrated(self.connection, tables)]
 
 
-class DatabaseCreation(creation.DatabaseCreation):
-    def create_test_db(self, *args, **kwargs):
-        name = super().create_test_db(*args, **kwargs)
-        keep_as_migrated(self.connection)
-        return name
+class DatabaseCreation(KeepingAsMigrated, creation.DatabaseCreation):
+    pass
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
