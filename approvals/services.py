@@ -96,23 +96,23 @@ def approval_decide(*, request: ApprovalRequest, actor, approve: bool, digest: s
         locked = ApprovalRequest.objects.select_for_update().get(pk=request.pk)
         now = timezone.now()
         verdict = _judge(locked, actor, approve=approve, digest=digest, comment=comment, edits=edits, now=now)
-        refused, voided, stale, needs_reason = verdict.refused, verdict.voided, verdict.stale, verdict.needs_reason
-        if voided:
-            request_finish(locked, ApprovalStatus.VOIDED, now=now, decided_by=actor, reason=voided)
+        if verdict.voided:
+            request_finish(locked, ApprovalStatus.VOIDED, now=now, decided_by=actor, reason=verdict.voided)
             audit(AuditEvent.APPROVAL_VOIDED, run_id=locked.run_id, tenant_id=locked.tenant_id, actor=actor,
-                  caller="hitl controller", from_state=S.AWAITING_HITL, data={"request": locked.pk, "reason": voided})
-        elif not refused and not needs_reason:
+                  caller="hitl controller", from_state=S.AWAITING_HITL,
+                  data={"request": locked.pk, "reason": verdict.voided})
+        elif not verdict.refused and not verdict.needs_reason:
             approvals = _record(locked, actor, decision, comment, now, edits=edits)
             if grant_hours is not None and locked.status == ApprovalStatus.APPROVED:
                 grants_create(locked, actor, grant_hours, now=now)
-    if needs_reason:
+    if verdict.needs_reason:
         raise ExecGoError(ErrorCode.INVALID_INPUT, REASON_NEEDED, source="approval",
                           details={"request": locked.pk, "fields": {"comment": [REASON_NEEDED]}})
-    if refused:
-        _refuse(locked, actor, decision, refused, stale_digest=str(digest)[:64] if stale else None)
-    if voided:
+    if verdict.refused:
+        _refuse(locked, actor, decision, verdict.refused, stale_digest=str(digest)[:64] if verdict.stale else None)
+    if verdict.voided:
         _close(locked, actor, S.REJECTED, {"decision": "void", "request": locked.pk})
-        raise ConflictError(ErrorCode.INVALID_INPUT, f"approval voided: {voided}", source="approval",
+        raise ConflictError(ErrorCode.INVALID_INPUT, f"approval voided: {verdict.voided}", source="approval",
                             details={"request": locked.pk, "status": ApprovalStatus.VOIDED})
     if locked.status != ApprovalStatus.PENDING:  # decided: those told of the request are told of the outcome
         with transaction.atomic():
