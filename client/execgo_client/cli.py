@@ -231,12 +231,18 @@ def cmd_submit(client: ExecGo, args: argparse.Namespace) -> int:
         if value is not None:
             fields[name] = value
     run = client.submit(plan, idempotency_key=args.idempotency_key, **fields)
+    return _submitted(client, run, args, f"run {run.id} submitted: {run.state}")
+
+
+def _submitted(client: ExecGo, run: Run, args: argparse.Namespace, line: str) -> int:
+    """A run just submitted (or retried): waited for with ``--wait``, else
+    shown as JSON or as ``line``."""
     if args.wait:
         return _waited(client, run, args.timeout, args.json)
     if args.json:
         _print_json(run.raw)
     else:
-        print(f"run {run.id} submitted: {run.state}")
+        print(line)
     return EXIT_OK
 
 
@@ -289,13 +295,7 @@ def cmd_cancel(client: ExecGo, args: argparse.Namespace) -> int:
 
 def cmd_retry(client: ExecGo, args: argparse.Namespace) -> int:
     run = client.retry(args.run)
-    if args.wait:
-        return _waited(client, run, args.timeout, args.json)
-    if args.json:
-        _print_json(run.raw)
-    else:
-        print(f"run {run.id} submitted (retry of {args.run}): {run.state}")
-    return EXIT_OK
+    return _submitted(client, run, args, f"run {run.id} submitted (retry of {args.run}): {run.state}")
 
 
 def cmd_evaluate(client: ExecGo, args: argparse.Namespace) -> int:

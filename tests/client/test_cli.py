@@ -2,6 +2,7 @@
 Django) against the live server and a real worker."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -74,12 +75,20 @@ def test_a_failing_step_exits_2_with_its_error_envelope(server, write_plan):
     assert result.returncode == 2, result.stderr
     assert json.loads(result.stdout)["retry_of"] == run_id
 
+    # without --wait, the new run is named as it was submitted
+    result = execgo(server, "retry", str(run_id))
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(rf"run \d+ submitted \(retry of {run_id}\): CREATED\n", result.stdout), result.stdout
+
 
 def test_a_denied_plan_exits_3_and_evaluate_says_deny(server, write_plan):
     plan = write_plan(DENIED_PLAN)
     result = execgo(server, "submit", plan, "--wait")
     assert result.returncode == 3, result.stdout + result.stderr
     assert "CLOSED_REJECTED" in result.stdout
+    result = execgo(server, "submit", plan)  # without --wait: named as it was submitted
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"run \d+ submitted: CREATED\n", result.stdout), result.stdout
 
     result = execgo(server, "evaluate", plan)
     assert result.returncode == 0, result.stderr
