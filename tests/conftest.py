@@ -409,7 +409,7 @@ LONG_TESTS = (
     "tests/runs/test_cancel_race.py::test_cancel_racing_the_natural_end_never_answers_202_for_a_run_that_ended",
     "tests/runs/test_race_cancel_timeout.py::test_cancel_and_timeout_race_has_exactly_one_winner",
     "tests/approvals/test_decisions.py::test_an_approve_racing_a_reject_has_exactly_one_winner",
-    "tests/runs/test_audit_chain.py::test_the_export_verifies_offline_and_a_tampered_line_does_not",
+    "tests/runs/test_audit_tamper.py::test_the_export_verifies_offline_and_a_tampered_line_does_not",
     "tests/test_make_run.py::",
     "tests/runs/test_routing.py::test_strict_sandbox_steps_run_only_on_the_host_that_has_bubblewrap",
     "tests/approvals/test_interfaces_isolation.py::test_another_tenants_ids_and_missing_ids_are_uniform_404s",

@@ -17,7 +17,7 @@ from runs.audit_hash import CALLER_LANE
 from runs.models import ApiToken, AuditEvent, AuditLog, Membership, Tenant
 from runs.tokens import key_digest, token_create, token_revoke
 from tests.conftest import make_token, make_user
-from tests.runs.test_audit_chain import assert_unbroken, chain_of
+from tests.runs.audit_rows import assert_unbroken, chain_of
 
 pytestmark = pytest.mark.django_db
 
