@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, make_token, make_user, simple_plan
+from tests.conftest import ROOT, make_token, make_user, simple_plan, wait_for_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("echo_pip_install_is_high")]
 
@@ -78,7 +78,9 @@ def test_a_failing_step_exits_2_with_its_error_envelope(server, write_plan):
     # without --wait, the new run is named as it was submitted
     result = execgo(server, "retry", str(run_id))
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(rf"run \d+ submitted \(retry of {run_id}\): CREATED\n", result.stdout), result.stdout
+    named = re.fullmatch(rf"run (\d+) submitted \(retry of {run_id}\): CREATED\n", result.stdout)
+    assert named, result.stdout
+    assert wait_for_run(int(named[1])).state == "CLOSED_FAILED"  # nothing of it left running after the test
 
 
 def test_a_denied_plan_exits_3_and_evaluate_says_deny(server, write_plan):
@@ -88,7 +90,9 @@ def test_a_denied_plan_exits_3_and_evaluate_says_deny(server, write_plan):
     assert "CLOSED_REJECTED" in result.stdout
     result = execgo(server, "submit", plan)  # without --wait: named as it was submitted
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"run \d+ submitted: CREATED\n", result.stdout), result.stdout
+    named = re.fullmatch(r"run (\d+) submitted: CREATED\n", result.stdout)
+    assert named, result.stdout
+    assert wait_for_run(int(named[1])).state == "CLOSED_REJECTED"  # nothing of it left running after the test
 
     result = execgo(server, "evaluate", plan)
     assert result.returncode == 0, result.stderr
