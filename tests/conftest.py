@@ -23,7 +23,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from runs.models import Job, Membership, Run, Tenant
-from runs.statemachine import FINAL
+from runs.statemachine import FINAL, NON_FINAL, RunState
 from runs.step_lifecycle import placing_steps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -359,9 +359,29 @@ def celery_worker(transactional_db):
     """A real worker process against the test database (shared by
     consecutive tests); tests using it need ``django_db(transaction=True)``
     so the worker sees their rows. Tasks published meanwhile by tests
-    without a worker are purged first."""
+    without a worker are purged first.
+
+    A test must not end with a run still going: the worker outlives the
+    test, and its next writes would meet the flush that empties the tables
+    after it (on PostgreSQL the two can deadlock). Its runs get a few
+    seconds to stop moving; one that has not fails the test, named."""
     purge_broker()
-    return _shared_worker.running()
+    yield _shared_worker.running()
+    _fail_on_runs_in_flight()
+
+
+# A run in one of these states is the worker's to move on; one waiting for a
+# person (or final) is not.
+IN_FLIGHT = NON_FINAL - {RunState.AWAITING_HITL}
+
+
+def _fail_on_runs_in_flight(*, grace_s: float = 15.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while going := list(Run.objects.filter(state__in=IN_FLIGHT).values_list("pk", "state")):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the test ended with runs in flight (run, state): {going}; wait for them "
+                        "(wait_for_run) or cancel them before it ends")
+        time.sleep(0.1)
 
 
 @pytest.fixture(autouse=True)
