@@ -33,14 +33,22 @@ from runtime import statements
 S = RunState
 
 
-def run_close(run_id: int) -> Run | None:
+def run_close(run_id: int, *, tracing: Run | None = None) -> Run | None:
     """Take a run from a transient state through TRACING to its final state.
 
     The RunTrace summary and the final AuditLog event commit with the final
     transition. If writing them fails the run stays in TRACING, where the
     sweeper finds it; it never skips to a final state.
+
+    ``tracing``: the run as the caller's transaction, just committed, moved
+    it to TRACING (a settle that ended its execution); it spares the read
+    that decides where the close starts. Whether the run is still there is
+    known under its row lock, as for any caller.
     """
-    run = statements.select(Run, run_id, RUN_ROW)
+    if tracing is not None and tracing.pk == run_id and tracing.state == S.TRACING:
+        run = tracing
+    else:
+        run = statements.select(Run, run_id, RUN_ROW)
     if run is None or run.is_final:
         return run
     if run.state in TRANSIENT:

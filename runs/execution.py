@@ -363,7 +363,7 @@ def _step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | 
         claim, close = settle_locked(locked, events, claim_one=True, handover=finished_handle, steps=known,
                                      forecast=forecast)
     if close:
-        run_close(run.pk)
+        run_close(run.pk, tracing=locked)
     if claim is None or not claim.reserved:
         release_reservation(finished_handle)
     return claim

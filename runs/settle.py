@@ -140,7 +140,7 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", call
         if spare is not None:
             spare.close()  # not started here: an unused spare exits, its sandbox never runs anything
     if close:
-        run_close(run_id)
+        run_close(run_id, tracing=run)
     return claim
 
 
