@@ -352,6 +352,19 @@ def _stop_shared_worker_at_exit(django_db_setup):
     # would keep the database from being dropped.
     yield
     _shared_worker.stop()
+    stop_fork_servers_under(Path(settings.DATA_DIR))
+
+
+def stop_fork_servers_under(root: Path) -> None:
+    """Stop every shim fork server of a tasks directory under ``root``. A
+    worker that stops takes its own with it, but not one killed by a test;
+    a fork server left behind would wait out its idle timeout (minutes)
+    after the suite has ended."""
+    from runtime.forkserver import stop_server
+    from runtime.forkserver_daemon import SOCKET_NAME
+
+    for socket_path in root.rglob(SOCKET_NAME):
+        stop_server(str(socket_path.parent))
 
 
 @pytest.fixture

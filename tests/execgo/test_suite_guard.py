@@ -1,11 +1,17 @@
-"""The suite's guard against a test that ends with a run still going
-(tests/conftest.py, ``celery_worker``): the shared worker outlives the
-test, and its next writes would meet the flush after it."""
+"""What the suite cleans up after its tests (tests/conftest.py): a test
+that ends with a run still going fails (``celery_worker``: the shared
+worker outlives the test, and its next writes would meet the flush after
+it), and the shim fork servers a killed worker left behind are stopped
+with the suite."""
 
+import sys
+
+import psutil
 import pytest
 
 from runs.statemachine import RunState
-from tests.conftest import _fail_on_runs_in_flight
+from runtime import forkserver
+from tests.conftest import _fail_on_runs_in_flight, stop_fork_servers_under
 
 S = RunState
 
@@ -23,3 +29,21 @@ def test_runs_that_ended_or_wait_for_a_person_pass(make_run):
     for state in (S.SUCCEEDED, S.CLOSED_FAILED, S.CLOSED_CANCELLED, S.CLOSED_REJECTED, S.AWAITING_HITL):
         make_run(state)
     _fail_on_runs_in_flight(grace_s=0.2)
+
+
+def test_the_fork_servers_under_the_data_directory_are_stopped(tmp_path):
+    servers = []
+    for host in ("gw0", "gw1/api-server"):
+        tasks = tmp_path / host / "tasks"
+        tasks.mkdir(parents=True)
+        forkserver.start_server(sys.executable, str(tasks), 60)
+        servers.append(psutil.Process(forkserver.server_pid(str(tasks))))
+    try:
+        assert all(server.is_running() for server in servers)
+        stop_fork_servers_under(tmp_path)
+        _gone, alive = psutil.wait_procs(servers, timeout=10)
+        assert alive == []
+    finally:
+        for server in servers:
+            if server.is_running():
+                server.kill()

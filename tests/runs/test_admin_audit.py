@@ -15,9 +15,7 @@ from policy.models import PolicyRule
 from runs.invariants import audit_chain_breaks
 from runs.models import AuditEvent, AuditLog, Membership
 from tests.conftest import make_user
-from tests.runs.audit_rows import manage, verify_offline
-
-transactional = pytest.mark.django_db(transaction=True, databases=["default", "audit"])
+from tests.runs.audit_rows import manage, transactional, verify_offline
 
 
 @pytest.fixture

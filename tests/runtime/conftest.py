@@ -12,9 +12,8 @@ from typing import Any
 
 import psutil
 import pytest
-from django.conf import settings
 
-from runtime import executor, forkserver, layout
+from runtime import executor, layout
 from runtime.capabilities import capability_manifest
 from runtime.plan_resolver import resolve_plan
 
@@ -31,12 +30,6 @@ FORK_BOMB = (
     "    except OSError:\n"
     "        time.sleep(0.01)\n"
 )
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _stop_fork_server_at_exit():
-    yield
-    forkserver.stop_server(str(settings.EXECGO_TASKS_DIR))
 
 
 @pytest.fixture(scope="session")
