@@ -4,7 +4,10 @@ worker outlives the test, and its next writes would meet the flush after
 it), and the shim fork servers a killed worker left behind are stopped
 with the suite."""
 
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import psutil
 import pytest
@@ -31,19 +34,23 @@ def test_runs_that_ended_or_wait_for_a_person_pass(make_run):
     _fail_on_runs_in_flight(grace_s=0.2)
 
 
-def test_the_fork_servers_under_the_data_directory_are_stopped(tmp_path):
+def test_the_fork_servers_under_the_data_directory_are_stopped():
+    # A directory of its own, with a short path: a Unix socket's path has at most 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="fs-"))
     servers = []
-    for host in ("gw0", "gw1/api-server"):
-        tasks = tmp_path / host / "tasks"
-        tasks.mkdir(parents=True)
-        forkserver.start_server(sys.executable, str(tasks), 60)
-        servers.append(psutil.Process(forkserver.server_pid(str(tasks))))
     try:
-        assert all(server.is_running() for server in servers)
-        stop_fork_servers_under(tmp_path)
+        for host in ("gw0", "gw1/api"):
+            tasks = root / host / "tasks"
+            tasks.mkdir(parents=True)
+            forkserver.start_server(sys.executable, str(tasks), 60)
+            pid = forkserver.server_pid(str(tasks))
+            assert pid is not None, f"no fork server answers in {tasks}"
+            servers.append(psutil.Process(pid))
+        stop_fork_servers_under(root)
         _gone, alive = psutil.wait_procs(servers, timeout=10)
         assert alive == []
     finally:
         for server in servers:
             if server.is_running():
                 server.kill()
+        shutil.rmtree(root, ignore_errors=True)
