@@ -380,7 +380,7 @@ def celery_worker(transactional_db):
     seconds to stop moving; one that has not fails the test, named."""
     purge_broker()
     yield _shared_worker.running()
-    _fail_on_runs_in_flight()
+    fail_on_runs_in_flight()
 
 
 # A run in one of these states is the worker's to move on; one waiting for a
@@ -388,7 +388,7 @@ def celery_worker(transactional_db):
 IN_FLIGHT = NON_FINAL - {RunState.AWAITING_HITL}
 
 
-def _fail_on_runs_in_flight(*, grace_s: float = 15.0) -> None:
+def fail_on_runs_in_flight(*, grace_s: float = 15.0) -> None:
     deadline = time.monotonic() + grace_s
     while going := list(Run.objects.filter(state__in=IN_FLIGHT).values_list("pk", "state")):
         if time.monotonic() > deadline:

@@ -14,7 +14,7 @@ import pytest
 
 from runs.statemachine import RunState
 from runtime import forkserver
-from tests.conftest import _fail_on_runs_in_flight, stop_fork_servers_under
+from tests.conftest import fail_on_runs_in_flight, stop_fork_servers_under
 
 S = RunState
 
@@ -24,14 +24,14 @@ S = RunState
 def test_a_run_still_going_fails_the_test_and_is_named(make_run, state):
     run = make_run(state)
     with pytest.raises(pytest.fail.Exception, match=rf"runs in flight \(run, state\): \[\({run.pk}, '{state}'\)\]"):
-        _fail_on_runs_in_flight(grace_s=0.2)
+        fail_on_runs_in_flight(grace_s=0.2)
 
 
 @pytest.mark.django_db
 def test_runs_that_ended_or_wait_for_a_person_pass(make_run):
     for state in (S.SUCCEEDED, S.CLOSED_FAILED, S.CLOSED_CANCELLED, S.CLOSED_REJECTED, S.AWAITING_HITL):
         make_run(state)
-    _fail_on_runs_in_flight(grace_s=0.2)
+    fail_on_runs_in_flight(grace_s=0.2)
 
 
 def test_the_fork_servers_under_the_data_directory_are_stopped():
