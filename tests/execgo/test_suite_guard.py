@@ -2,9 +2,11 @@
 that ends with a run still going fails (``celery_worker``: the shared
 worker outlives the test, and its next writes would meet the flush after
 it), and the shim fork servers a killed worker left behind are stopped
-with the suite."""
+with the suite; a test process that dies fails the pass instead of
+hanging it."""
 
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from runs.statemachine import RunState
 from runtime import forkserver
-from tests.conftest import fail_on_runs_in_flight, stop_fork_servers_under
+from tests.conftest import ROOT, fail_on_runs_in_flight, stop_fork_servers_under
 
 S = RunState
 
@@ -54,3 +56,16 @@ def test_the_fork_servers_under_the_data_directory_are_stopped():
             if server.is_running():
                 server.kill()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_test_process_that_dies_fails_its_test_and_is_not_replaced(tmp_path):
+    (tmp_path / "test_dies.py").write_text(
+        "import os, signal\n\n\ndef test_dies():\n    os.kill(os.getpid(), signal.SIGKILL)\n\n\n"
+        "def test_lives():\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+         "-p", "no:django", "-n", "2", "test_dies.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.count("crashed while running 'test_dies.py::test_dies'") == 1, result.stdout
+    assert "crashed and worker restarting disabled" in result.stdout, result.stdout
