@@ -61,12 +61,20 @@
   }
 
   // --- the runs list: rows change badge, new runs appear -------------------
+  // Events of one run come in bursts, and the answers to their row requests
+  // may come back in any order: an answer older than one already applied is
+  // dropped, and the row is looked up when an answer is applied, so that two
+  // answers for a run not yet listed insert it once.
+  var rowRequested = {}, rowApplied = {};
   function refreshRow(runId) {
     var query = body.dataset.liveQuery || "";
-    fetch("/runs/" + runId + "/row/?" + query, { credentials: "same-origin" }).then(function (response) {
-      var row = document.getElementById("run-" + runId);
-      if (response.status === 204) { if (row) row.remove(); return null; }
-      return response.text().then(function (html) {
+    var request = rowRequested[runId] = (rowRequested[runId] || 0) + 1;
+    return fetch("/runs/" + runId + "/row/?" + query, { credentials: "same-origin" }).then(function (response) {
+      return (response.status === 204 ? Promise.resolve(null) : response.text()).then(function (html) {
+        if (request <= (rowApplied[runId] || 0)) return;
+        rowApplied[runId] = request;
+        var row = document.getElementById("run-" + runId);
+        if (html === null) { if (row) row.remove(); return; }  // no longer matches this page's filters
         var template = document.createElement("template");
         template.innerHTML = html.trim();
         var fresh = template.content.firstElementChild;
@@ -82,6 +90,7 @@
       });
     });
   }
+  live.refreshRow = refreshRow;  // for tests: what an event of the run does (a promise of its end)
 
   // --- the run page: the live partial, and log tails while steps run ------
   var refreshRun = debounce(function () {

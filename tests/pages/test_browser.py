@@ -47,6 +47,32 @@ def test_a_run_appears_and_changes_state_live_on_the_runs_page(page, celery_work
     screenshot(page, "runs-list")
 
 
+def test_a_row_answer_older_than_one_applied_is_dropped(page, approver, make_run):
+    """Events of a run come in bursts, and the answers to their row requests
+    may come back in any order: the older answer, arriving last, neither
+    brings the old state back nor adds a second row."""
+    log_in(page, "alice", PASSWORD)
+    page.goto("/runs/")
+    page.wait_for_function("window.execgoLive && window.execgoLive.state === 'live'")
+    run = make_run("EXECUTING", title="answered out of order")  # written directly: no event tells the page
+    held = []
+    page.route(f"**/runs/{run.pk}/row/**", lambda route: held.append(route))
+    page.evaluate(f"window.first = window.execgoLive.refreshRow({run.pk});"
+                  f" window.second = window.execgoLive.refreshRow({run.pk}); null")  # not awaited here
+    deadline = time.monotonic() + 15
+    while len(held) < 2:
+        assert time.monotonic() < deadline, f"{len(held)} of the 2 row requests reached the route"
+        page.wait_for_timeout(20)  # lets Playwright hand the requests to the route
+    older = held[0].fetch()  # the row as it was: EXECUTING
+    Run.objects.filter(pk=run.pk).update(state="SUCCEEDED", previous_state="TRACING")
+    held[1].fulfill(response=held[1].fetch())
+    page.evaluate("window.second")
+    held[0].fulfill(response=older)
+    page.evaluate("window.first")
+    assert page.locator(f"#run-{run.pk}").count() == 1
+    expect(page.locator(f"#run-{run.pk}")).to_contain_text("SUCCEEDED")
+
+
 def test_the_run_page_grows_a_log_draws_the_dag_and_settles(page, celery_worker, approver, agent):
     log_in(page, "alice", PASSWORD)
     run_id = submit(agent, {"steps": [
