@@ -164,15 +164,26 @@ class SessionWatch:
         from runs.relay import RELAY_LAYER
 
         layer = get_channel_layer(RELAY_LAYER)
+        loop = asyncio.get_running_loop()
+        # The periodic check of every socket is due on its own clock: however
+        # often the watch is woken for some users, it still sees what no
+        # signal announces (an expired session, a ``QuerySet.update``).
+        every_due = loop.time() + settings.EXECGO_WS_RECHECK_S
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), settings.EXECGO_WS_RECHECK_S)
-                only = self._changed  # woken: the users told about; None: everyone
+                await asyncio.wait_for(self._wake.wait(), max(every_due - loop.time(), 0.0))
             except TimeoutError:
-                only = None  # the periodic check: every socket
+                pass
             self._wake.clear()
-            self._changed = set()
-            await self.check(layer, only)
+            only, self._changed = self._changed, set()  # the users told about; None: everyone
+            if loop.time() >= every_due:
+                only = None
+            if only is None:
+                every_due = loop.time() + settings.EXECGO_WS_RECHECK_S
+            try:
+                await self.check(layer, only)
+            except Exception:  # never the end of the watch: the next check tries again
+                logger.warning("the websockets' session check failed", exc_info=True)
 
     async def check(self, layer, only: set[int] | None = None) -> None:
         pending = [(name, grant) for name, grant in self.grants.items() if only is None or grant.user_id in only]
@@ -184,9 +195,14 @@ class SessionWatch:
             logger.warning("the websockets' session check failed", exc_info=True)
             return
         self.checks += 1
-        for (name, _), code in zip(pending, codes, strict=True):
-            if code is not None and self.grants.pop(name, None) is not None:
+        for (name, grant), code in zip(pending, codes, strict=True):
+            if code is None or self.grants.pop(name, None) is None:
+                continue
+            try:
                 await layer.send(name, {"type": "session.end", "code": code})
+            except Exception:  # e.g. the socket's channel is full: kept, and closed by the next check
+                self.grants.setdefault(name, grant)
+                logger.warning("could not end a websocket whose session ended", exc_info=True)
 
     async def _listen_forever(self) -> None:
         layer = get_channel_layer()

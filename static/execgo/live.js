@@ -23,11 +23,35 @@
     return proto + location.host + "/ws/live/?" + params.toString();
   }
 
+  // The session ended (4401) or lost this page's access (4403): no
+  // reconnect. The login page sends a still valid session straight back
+  // here (a fresh page, a fresh socket) and asks anyone else to sign in.
+  function end(code) {
+    live.ended = code;
+    setState("ended", code === 4401 ? "signed out" : "access ended");
+    location.assign("/accounts/login/?next=" + encodeURIComponent(location.pathname + location.search));
+  }
+
+  // A refused handshake has no close code a script can read: whether the
+  // session still holds is asked of this page itself. A redirect (to the
+  // login) or a 401 is an ended session, a 403 a lost access; no answer is
+  // a server away, tried again.
+  function sessionEnd() {
+    return fetch(location.pathname + location.search,
+                 { method: "HEAD", credentials: "same-origin", cache: "no-store", redirect: "manual" })
+      .then(function (response) {
+        if (response.type === "opaqueredirect" || response.status === 401) return 4401;
+        return response.status === 403 ? 4403 : null;
+      })
+      .catch(function () { return null; });
+  }
+
   function connect() {
     setState("connecting", "connecting…");
+    var opened = false;
     socket = new WebSocket(url());
     live.socket = socket;
-    socket.onopen = function () { live.connects += 1; backoff = 500; setState("live", "live"); };
+    socket.onopen = function () { opened = true; live.connects += 1; backoff = 500; setState("live", "live"); };
     socket.onmessage = function (message) {
       var data = JSON.parse(message.data);
       if (data.type === "resync") { location.reload(); return; }
@@ -37,19 +61,16 @@
       handle(data.event);
     };
     socket.onclose = function (event) {
-      if (event.code === 4401 || event.code === 4403) {
-        // The session ended (4401) or lost this page's access (4403): no
-        // reconnect. The login page sends a still valid session straight
-        // back here (a fresh page, a fresh socket) and asks anyone else to
-        // sign in.
-        live.ended = event.code;
-        setState("ended", event.code === 4401 ? "signed out" : "access ended");
-        location.assign("/accounts/login/?next=" + encodeURIComponent(location.pathname + location.search));
-        return;
-      }
+      if (event.code === 4401 || event.code === 4403) { end(event.code); return; }
       setState("reconnecting", "reconnecting…");
-      setTimeout(connect, backoff);
-      backoff = Math.min(backoff * 2, 5000);
+      var again = function () {
+        setTimeout(connect, backoff);
+        backoff = Math.min(backoff * 2, 5000);
+      };
+      if (opened) { again(); return; }
+      sessionEnd().then(function (code) {
+        if (code === null) { again(); } else { live.refused = true; end(code); }
+      });
     };
   }
   // For tests and for a page that wants to drop its connection on purpose.

@@ -74,13 +74,33 @@ def _stop_daphne_at_exit(django_db_setup):
 
 
 @pytest.fixture
-def live_web(transactional_db):
+def live_web(request, transactional_db):
     """The shared Daphne server (started on first use); tests using it need
-    ``django_db(transaction=True)`` so the server sees their rows."""
+    ``django_db(transaction=True)`` so the server sees their rows. A test
+    that fails shows what the server logged while it ran."""
     global _server
     if _server is None or _server.proc.poll() is not None:
         _server = DaphneServer().start()
+    request.node.stash[_SERVER_LOG_FROM] = (_server.log_path, _server.log_path.stat().st_size)
     return _server
+
+
+_SERVER_LOG_FROM = pytest.StashKey[tuple[Path, int]]()
+SERVER_LOG_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    log_from = item.stash.get(_SERVER_LOG_FROM, None)
+    if report.failed and report.when == "call" and log_from is not None:
+        path, offset = log_from
+        with open(path, "rb") as log:
+            log.seek(offset)
+            lines = log.read().decode(errors="replace").splitlines()[-SERVER_LOG_LINES:]
+        report.sections.append((f"the Daphne server's log during the test (its last {SERVER_LOG_LINES} lines)",
+                                "\n".join(lines)))
+    return report
 
 
 @pytest.fixture

@@ -10,9 +10,11 @@ import asyncio
 import json
 import re
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.contrib.sessions.models import Session
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -88,6 +90,26 @@ def test_a_move_to_another_tenant_closes_the_socket(live_web, agent, other_tenan
         membership.save()
 
     assert closed_after(live_web, agent, change)[0] == CLOSE_ACCESS_LOST
+
+
+def test_a_page_whose_session_ended_while_its_socket_was_away_goes_to_the_login(page, approver, live_web):
+    """A refused handshake has no close code the script can read: the page
+    asks itself whether the session holds, and goes to the login instead of
+    reconnecting for ever. Its timers are the test's to move (Playwright's
+    clock): the reconnect comes after the session has ended, never before."""
+    page.clock.install()
+    log_in(page, approver.username, PASSWORD)
+    page.goto("/approvals/")
+    page.wait_for_function("window.execgoLive && window.execgoLive.state === 'live'", polling=100)
+    page.clock.pause_at(datetime.now(timezone.utc) + timedelta(seconds=5))
+    page.evaluate("window.execgoLive.drop(); null")  # the socket goes away; its reconnect waits on the clock
+    page.wait_for_function("window.execgoLive.state === 'reconnecting'", polling=100)
+    Session.objects.all().delete()  # no signal: nothing tells the server, and it holds no socket to close
+
+    page.clock.run_for(6000)
+
+    page.wait_for_url(re.compile(r".*/accounts/login/\?next=%2Fapprovals%2F$"), timeout=BOUND_S * 1000)
+    assert page.get_by_label("Username").is_visible()
 
 
 def test_a_removal_from_the_approvers_closes_the_approvals_stream(live_web, tenant):
