@@ -84,12 +84,12 @@ def open_gate(gates, name: str) -> None:
     for process in psutil.process_iter():
         try:
             handle_id = process.environ().get(shim.MARKER_ENV)
-        except (psutil.Error, OSError):
+            if not handle_id:
+                continue
+            # As the step's uid: root is no uid of a bubblewrap sandbox's user namespace (EOVERFLOW).
+            uid = process.uids().real
+        except (psutil.Error, OSError):  # e.g. it ended meanwhile: a step's process of a killed shim
             continue
-        if not handle_id:
-            continue
-        # As the step's uid: root is no uid of a bubblewrap sandbox's user namespace (EOVERFLOW).
-        uid = process.uids().real
         subprocess.run(["touch", f"/proc/{process.pid}/root{layout.task_dir(handle_id)}/workspace/{name}"],
                        user=uid, group=uid, extra_groups=[], capture_output=True, check=False)
 
