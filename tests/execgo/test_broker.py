@@ -118,10 +118,15 @@ def _flood(connection, sent: int, name: str = "flood") -> list[int]:
     producer that fails is reported as it failed: the consumer stops waiting
     as soon as the producer is gone, and its exception is raised here."""
     failed = []
+    # Cloned here, not in the producer's thread: a kombu connection is not
+    # shared between threads, and a clone reads the connection's transport,
+    # which its first use makes. Made by both threads at once, the consumer
+    # was left draining a transport that held none of its channels.
+    producer_connection = connection.clone()
 
     def produce():
         try:
-            with connection.clone() as producer_connection:
+            with producer_connection:
                 queue = producer_connection.SimpleQueue(name)
                 for n in range(sent):
                     queue.put({"n": n})
