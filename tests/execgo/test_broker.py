@@ -90,12 +90,13 @@ def test_a_wait_lasts_as_long_as_its_caller_asked(folder_connection):
     wait is made of: a message put 0.8 s into a 20 s wait is received."""
     connection, _ = folder_connection
     queue = connection.SimpleQueue("patient")
-    later = threading.Timer(0.8, lambda: connection.clone().SimpleQueue("patient").put({"n": 1}))
-    later.start()
-    try:
-        assert queue.get(timeout=20).payload == {"n": 1}
-    finally:
-        later.join()
+    with connection.clone() as sender:  # cloned in this thread (see _flood)
+        later = threading.Timer(0.8, lambda: sender.SimpleQueue("patient").put({"n": 1}))
+        later.start()
+        try:
+            assert queue.get(timeout=20).payload == {"n": 1}
+        finally:
+            later.join()
 
 
 def test_a_stopping_worker_stops_waiting_within_a_slice(folder_connection, monkeypatch):
