@@ -14,6 +14,8 @@ each worker host announced (kernel, uid, sandbox tools and their versions)
 are for operators: the metrics token or a staff user (runs/operators.py).
 """
 
+import asyncio
+import uuid
 from datetime import timedelta
 
 from channels.layers import get_channel_layer
@@ -55,8 +57,20 @@ def _channel_layer() -> str:
     layer = get_channel_layer()
     if layer is None:
         raise NotReady("no channel layer configured")
-    run_to_its_end(layer.send, "readyz.probe", {"type": "readyz.probe"})
+    run_to_its_end(_round_trip, layer)
     return "ok"
+
+
+async def _round_trip(layer) -> None:
+    """A message sent to a channel of the probe's own and received back, so
+    that a probe leaves nothing behind: a layer keeps at most ``capacity``
+    (100) unreceived messages a channel, for a minute, and a probe that only
+    sent to one channel was refused from its 101st ask within a minute on,
+    so that asking more often than every 0.6 s made a ready service not
+    ready."""
+    channel = f"readyz.probe.{uuid.uuid4().hex}"
+    await layer.send(channel, {"type": "readyz.probe"})
+    await asyncio.wait_for(layer.receive(channel), settings.EXECGO_READYZ_TIMEOUT_S)
 
 
 def _workers() -> str:

@@ -170,3 +170,17 @@ def test_the_channel_layer_check_works_in_a_thread_whose_event_loop_runs():
         return health._channel_layer()
 
     assert run_coroutine(called_synchronously_from_a_loop) == "ok"
+
+
+def test_readiness_asked_often_stays_ready():
+    """A channel layer keeps at most ``capacity`` unreceived messages a
+    channel for a minute: a check that only sent, to one channel, was
+    refused from its 101st ask within a minute on (a probe every 0.6 s or
+    more often made a ready service not ready). The check leaves nothing
+    behind."""
+    from channels.layers import get_channel_layer
+
+    from execgo import health
+
+    asks = get_channel_layer().capacity + 20
+    assert [health._channel_layer() for _ in range(asks)] == ["ok"] * asks
