@@ -69,7 +69,7 @@
       };
       if (opened) { again(); return; }
       sessionEnd().then(function (code) {
-        if (code === null) { again(); } else { live.refused = true; end(code); }
+        if (code === null) { again(); } else { end(code); }
       });
     };
   }
