@@ -8,12 +8,11 @@ import asyncio
 
 import pytest
 from channels.layers import get_channel_layer
-from django.conf import settings as django_settings
 from django.contrib.sessions.models import Session
-from django.test import Client
 
 from runs.relay import RELAY_LAYER
 from runs.sessions import CLOSE_SESSION_ENDED, SessionWatch, grant_for
+from tests.pages.conftest import session_cookie
 from tests.pages.test_live_relay import run_async
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack_free]
@@ -21,44 +20,34 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack_free]
 BOUND_S = 10.0  # generous: the check is due every EXECGO_WS_RECHECK_S
 
 
-def _signed_in(user) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies[django_settings.SESSION_COOKIE_NAME].value
-
-
-async def _end_seen(watch: SessionWatch, grant, end_session, *, nudge_s: float | None) -> dict:
-    """Register ``grant`` for a socket's channel, end its session the way no
-    signal announces, optionally wake the watch every ``nudge_s`` for another
-    user, and return the message the socket's channel gets."""
-    layer = get_channel_layer(RELAY_LAYER)
-    channel = await layer.new_channel("test-watch.")
-    await watch.ensure_started()
-    watch.register(channel, grant)
-    await asyncio.to_thread(end_session)
-
-    async def nudge() -> None:
-        while True:
-            watch.told([0])  # nobody's user id: a wake that checks no socket
-            await asyncio.sleep(nudge_s)
-
-    nudger = asyncio.create_task(nudge()) if nudge_s else None
-    try:
-        return await asyncio.wait_for(layer.receive(channel), BOUND_S)
-    finally:
-        for task in [nudger, *watch._tasks]:
-            if task is not None:
-                task.cancel()
-
-
 def test_the_periodic_check_keeps_its_clock_when_the_watch_is_woken_more_often(agent, tenant, settings):
     settings.EXECGO_WS_RECHECK_S = 0.5
-    key = _signed_in(agent)
+    key = session_cookie(agent)
     grant = grant_for(agent, key, tenant_id=tenant.pk, needs_approver=False)
     watch = SessionWatch()
 
-    message = run_async(_end_seen(watch, grant, lambda: Session.objects.filter(session_key=key).delete(),
-                                  nudge_s=0.1))
+    async def scenario() -> dict:
+        """The session ended the way no signal announces, and the watch woken
+        every 0.1 s for nobody's user id (a wake that checks no socket)."""
+        layer = get_channel_layer(RELAY_LAYER)
+        channel = await layer.new_channel("test-watch.")
+        await watch.ensure_started()
+        watch.register(channel, grant)
+        await asyncio.to_thread(lambda: Session.objects.filter(session_key=key).delete())
+
+        async def nudge() -> None:
+            while True:
+                watch.told([0])
+                await asyncio.sleep(0.1)
+
+        nudger = asyncio.create_task(nudge())
+        try:
+            return await asyncio.wait_for(layer.receive(channel), BOUND_S)
+        finally:
+            for task in [nudger, *watch._tasks]:
+                task.cancel()
+
+    message = run_async(scenario())
 
     assert message == {"type": "session.end", "code": CLOSE_SESSION_ENDED}
     assert watch.grants == {}
@@ -69,7 +58,7 @@ def test_a_socket_whose_channel_is_full_is_ended_once_it_drains(agent, tenant, s
     it does not fit, the grant stays, the watch goes on, and a later check
     ends the socket."""
     settings.EXECGO_WS_RECHECK_S = 0.2
-    key = _signed_in(agent)
+    key = session_cookie(agent)
     grant = grant_for(agent, key, tenant_id=tenant.pk, needs_approver=False)
     watch = SessionWatch()
 
@@ -94,6 +83,6 @@ def test_a_socket_whose_channel_is_full_is_ended_once_it_drains(agent, tenant, s
 
     received = run_async(scenario())
 
-    assert [message.get("n") for message in received[:-1]] == list(range(100))
+    assert [message.get("n") for message in received[:-1]] == list(range(get_channel_layer(RELAY_LAYER).capacity))
     assert received[-1] == {"type": "session.end", "code": CLOSE_SESSION_ENDED}
     assert watch.grants == {}
