@@ -9,8 +9,10 @@ the hand-off costs its step nothing, and neither a step nor any other
 process can hand the watcher a step of its own.
 """
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -193,14 +195,26 @@ class Reports:
         return {w.handle_id for w in watched if w.handle_id in self.recorded}
 
 
-def send_from(process_argv_prefix: list[str], pid: int, handle_id: str, sleeper_pid: int) -> None:
+@contextlib.contextmanager
+def sending(process_argv_prefix: list[str], pid: int, handle_id: str, sleeper_pid: int):
     """Send a hand-off to the watcher of ``pid`` from a new process, run as
-    ``process_argv_prefix + [python, -c, ...]``."""
+    ``process_argv_prefix + [python, -c, ...]``, which lives on until the
+    block ends: the watcher asks who sent a message when it reads it, and a
+    sender gone by then (on a busy machine, its thread not scheduled in
+    time) is refused whoever it was."""
     info = {"pid": sleeper_pid, "create_time": process_create_time(sleeper_pid)}
     message = json.dumps({"handle_id": handle_id, "ref": {"step": 7, "attempt": 1, "run": 3}, "info": info})
-    code = f"import socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto({message.encode()!r}, " \
-           f"{watcher.address(pid)!r})"
-    subprocess.run([*process_argv_prefix, sys.executable, "-c", code], check=True, timeout=30)
+    code = f"import socket, sys; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto({message.encode()!r}, " \
+           f"{watcher.address(pid)!r}); print('sent', flush=True); sys.stdin.read()"
+    sender = subprocess.Popen([*process_argv_prefix, sys.executable, "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert sender.stdout.readline() == "sent\n"
+        yield sender
+    finally:
+        sender.stdin.close()
+        assert sender.wait(timeout=30) == 0
+        sender.stdout.close()
 
 
 @pytest.fixture
@@ -225,8 +239,8 @@ def test_the_watcher_takes_its_children_s_hand_offs_and_reports_their_end(in_pro
     layout.task_dir("h-mine").mkdir(parents=True)
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        send_from([], os.getpid(), "h-mine", sleeper.pid)  # a child of this process: taken
-        wait_until(lambda: "h-mine" in running.watched, timeout=10, what="the hand-off")
+        with sending([], os.getpid(), "h-mine", sleeper.pid):  # a child of this process: taken
+            wait_until(lambda: "h-mine" in running.watched, timeout=10, what="the hand-off")
         time.sleep(0.3)
         assert reports.ended == []
         sleeper.kill()
@@ -248,8 +262,8 @@ def test_a_report_the_broker_lost_is_sent_again_until_the_result_is_recorded(in_
     layout.task_dir("h-lost").mkdir(parents=True)
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        send_from([], os.getpid(), "h-lost", sleeper.pid)
-        wait_until(lambda: "h-lost" in running.watched, timeout=10, what="the hand-off")
+        with sending([], os.getpid(), "h-lost", sleeper.pid):
+            wait_until(lambda: "h-lost" in running.watched, timeout=10, what="the hand-off")
         sleeper.kill()
         # Taken by the "broker" each time, never recorded: reported again, with a growing wait.
         wait_until(lambda: len(reports.ended) >= 3, timeout=15, what="the report sent again")
@@ -264,15 +278,18 @@ def test_a_report_the_broker_lost_is_sent_again_until_the_result_is_recorded(in_
     assert {watched.handle_id for watched in reports.ended} == {"h-lost"}
 
 
-def test_the_watcher_ignores_a_hand_off_from_a_process_that_is_not_its_child(in_process_watcher):
+def test_the_watcher_ignores_a_hand_off_from_a_process_that_is_not_its_child(in_process_watcher, caplog):
     reports = Reports()
     running = in_process_watcher(reports)
     layout.task_dir("h-forged").mkdir(parents=True)
     sleeper = subprocess.Popen(["sleep", "60"])
+    refused = re.compile(r"ignored a hand-off from pid (\d+), not one of its pool processes")
     try:
-        # A grandchild of this process (the shell's child) sends it.
-        send_from(["sh", "-c", '"$@"; exit $?', "sh"], os.getpid(), "h-forged", sleeper.pid)
-        time.sleep(0.5)
+        # A grandchild of this process (the shell's child) sends it, and is
+        # still there when the watcher asks who it is.
+        with sending(["sh", "-c", '"$@"; exit $?', "sh"], os.getpid(), "h-forged", sleeper.pid) as shell:
+            wait_until(lambda: refused.search(caplog.text), timeout=10, what="the refusal")
+            assert psutil.Process(int(refused.search(caplog.text)[1])).ppid() == shell.pid
         assert running.watched == {}
         sleeper.kill()
         time.sleep(0.3)
@@ -285,13 +302,14 @@ def test_the_watcher_ignores_a_hand_off_from_a_process_that_is_not_its_child(in_
 def test_the_watcher_kills_a_shim_that_overruns_its_backstop(in_process_watcher, settings):
     settings.EXECGO_SHIM_BACKSTOP_S = 0.2
     reports = Reports()
-    in_process_watcher(reports)
+    running = in_process_watcher(reports)
     directory = layout.task_dir("h-stuck")
     directory.mkdir(parents=True)
     (directory / shim.REQUEST_FILE).write_text(json.dumps({"timeout_s": 0.2, "kill_grace_s": 0.1}))
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        send_from([], os.getpid(), "h-stuck", sleeper.pid)
+        with sending([], os.getpid(), "h-stuck", sleeper.pid):
+            wait_until(lambda: "h-stuck" in running.watched, timeout=10, what="the hand-off")
         wait_until(lambda: len(reports.ended) == 1, timeout=10, what="the backstop")
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
     finally:
