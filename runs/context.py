@@ -36,7 +36,7 @@ def _size(context: dict) -> int:
 def assemble_context(run: Run) -> Assembled:
     budget = settings.EXECGO_CONTEXT_BUDGET_BYTES
     memories = memories_for(run)
-    foreign = [m.pk for m in memories if m.tenant_id != run.tenant_id or m.source_tenant_id != run.tenant_id]
+    foreign = [m["id"] for m in memories if m["tenant_id"] != run.tenant_id or m["source_tenant_id"] != run.tenant_id]
     if foreign:
         raise ExecGoError(ErrorCode.DENIED, f"cross-tenant memory blocked: entries {foreign}", source="store",
                           details={"memory_ids": foreign, "tenant": run.tenant_id})
@@ -46,13 +46,15 @@ def assemble_context(run: Run) -> Assembled:
     )
     context = {
         "tools": {name: TOOL_SCHEMAS[name] for name in KNOWN_TOOLS},
-        "memories": [{"id": m.pk, "run": m.run_id, "summary": m.summary, "data": m.data} for m in memories],
+        "memories": [{"id": m["id"], "run": m["run_id"], "summary": m["summary"], "data": m["data"]}
+                     for m in memories],
         "job_history": history,
     }
     dropped = []
-    while _size(context) > budget and context["memories"]:
-        dropped.append(context["memories"].pop()["id"])  # newest first, so pop() drops the oldest
     size = _size(context)
+    while size > budget and context["memories"]:
+        dropped.append(context["memories"].pop()["id"])  # newest first, so pop() drops the oldest
+        size = _size(context)
     trace = {"recalled": len(memories), "kept": len(context["memories"]), "dropped": dropped,
              "history": len(history), "bytes": size, "budget_bytes": budget}
     if size > budget:
