@@ -118,7 +118,10 @@ def bind_rated_plans_of(steps: list[Step], decision: dict) -> None:
     bound = [step for step in steps if plans.get(step.step_id)]
     for step in bound:
         step.rated_plan = plans[step.step_id]
-    Step.objects.bulk_update(bound, ["rated_plan"])
+    if len(bound) == 1:  # most plans: a plain UPDATE, not bulk_update's CASE over the ids
+        Step.objects.filter(pk=bound[0].pk).update(rated_plan=bound[0].rated_plan)
+    else:
+        Step.objects.bulk_update(bound, ["rated_plan"])
 
 
 def rated_part(plan: dict) -> dict:
