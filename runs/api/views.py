@@ -4,6 +4,7 @@ import time
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Prefetch, prefetch_related_objects
 from django.http import FileResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -31,7 +32,7 @@ from runs.api.serializers import (
     RunSummarySerializer,
 )
 from runs.dataplane import step_log_path
-from runs.models import Run, Tenant
+from runs.models import Run, Step, Tenant
 from runs.plan_schema import find_unstorable
 from runs.selectors import jobs_for_user, memories_for_user, run_events_after, runs_for_user, tenant_of
 from runs.services import run_cancel, run_retry, run_submit
@@ -89,6 +90,10 @@ class RunListCreateView(generics.ListAPIView):
             raise ValidationError({"Idempotency-Key": [
                 f"at most {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters"]})
         submission = run_submit(tenant=tenant, user=request.user, idempotency_key=key, **serializer.validated_data)
+        if submission.created:
+            # The answer is the run as committed: no steps yet (a worker makes
+            # them when it plans the run), so they are not read.
+            prefetch_related_objects([submission.run], Prefetch("steps", queryset=Step.objects.none()))
         return Response(RunSerializer(submission.run).data,
                         status=status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK)
 

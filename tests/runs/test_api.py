@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from runs.models import AuditLog, Job, Run
@@ -32,6 +34,18 @@ def test_create_returns_run(api):
     assert body["job"] == run.job_id
     assert Job.objects.get(pk=run.job_id).status == "pending"
     assert AuditLog.objects.filter(run=run, event="run_created").count() == 1
+
+
+def test_the_answer_to_a_new_run_reads_no_steps_and_a_replay_reads_them(api):
+    # A new run has none until a worker plans it; a replayed key answers with the run as it is now.
+    with CaptureQueriesContext(connection) as created:
+        response = api.post("/api/v1/runs", {"plan": PLAN}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert (response.status_code, response.json()["steps"]) == (201, [])
+    assert not [query for query in created.captured_queries if 'FROM "runs_step"' in query["sql"]]
+    run_advance(response.json()["id"])
+    replayed = api.post("/api/v1/runs", {"plan": PLAN}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert replayed.status_code == 200
+    assert [step["id"] for step in replayed.json()["steps"]] == ["s0", "s1"]
 
 
 @pytest.mark.parametrize(
