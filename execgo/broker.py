@@ -188,9 +188,44 @@ def _worker_stopping() -> bool:
 
 
 class Transport(filesystem.Transport):
+    """kombu's filesystem transport, with the channel above, driven by a
+    worker's event loop.
+
+    Celery gives a transport that is not asynchronous its blocking consumer
+    loop and, with it, billiard's threaded pool, whose processes take their
+    tasks from one shared pipe under one lock shared by every pool process.
+    The pool process waiting for the next task holds that lock while it
+    waits: killed then (``kill -9``, the OOM killer), it never releases it,
+    and no pool process takes a task again, so the worker stops for good.
+    Driven by the event loop, the worker uses the pool it uses with Redis
+    (each pool process has pipes of its own, the worker's main process
+    writes each task to one of them). A folder has no file descriptor to
+    wait on: the loop looks at the queues every ``polling_interval``.
+    """
+
     Channel = Channel
+    implements = filesystem.Transport.implements.extend(asynchronous=True)
     # A folder has no host: without this kombu warns, on every connection, that it "reverts to localhost".
     default_connection_params = {"port": None, "hostname": None}
+    _poll_timer = None
+
+    def register_with_event_loop(self, connection, loop):
+        self.unregister_from_event_loop(connection, loop)  # a consumer restarted registers again
+        self._poll_timer = loop.call_repeatedly(self.polling_interval, self._take_waiting, connection)
+
+    def unregister_from_event_loop(self, connection, loop):
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
+
+    def _take_waiting(self, connection) -> None:
+        """Deliver the messages waiting now, as many as the consumers'
+        prefetch lets in (a channel whose prefetch is full takes none)."""
+        while True:
+            try:
+                self.drain_events(connection, timeout=0)
+            except socket.timeout:
+                return
 
     def drain_events(self, connection, timeout=None):
         # None stays None: a caller that blocks until a message keeps doing so.

@@ -288,3 +288,36 @@ def test_a_worker_whose_pool_processes_die_mid_step_takes_new_work_within_second
     finally:
         worker.stop()
         purge_broker()
+
+
+def test_idle_pool_processes_killed_while_they_wait_for_a_task_leave_the_worker_working(api):
+    """kill -9 of each idle pool process of a -c 2 worker, one after the
+    other: the worker starts new ones and runs the next run. On the embedded
+    broker the worker once used billiard's threaded pool, whose idle
+    processes wait for a task on one shared pipe under one shared lock; the
+    one killed while holding it (waiting in its read) took the lock with it,
+    and the worker never ran a task again (`execgo.broker.Transport`)."""
+    purge_broker()
+    host = "idle-host"
+    worker = WorkerProcess(hostname="idle", concurrency=2, env={"EXECGO_HOST_NAME": host})
+    quick = {"steps": [{"id": "a", "tool": "shell", "params": {"argv": ["true"]}}]}
+    try:
+        worker.start()
+        main = psutil.Process(worker.proc.pid)
+        first = api.post("/api/v1/runs", {"title": "before", "plan": quick}, format="json").json()["id"]
+        assert wait_for_run(first, timeout=60).state == "SUCCEEDED"
+        wait_until(lambda: not Reservation.objects.filter(host_id=host).exists(), what="the pool idle")
+        originals = pool_processes(main)
+        assert len(originals) == 2
+        for victim in originals:  # whichever of them waits in the read, it is killed
+            os.kill(victim, signal.SIGKILL)
+            wait_until(lambda: len(pool_processes(main) - originals) >= 1 and len(pool_processes(main)) == 2,
+                       what="a new pool process")
+        response = api.post("/api/v1/runs", {"title": "after", "plan": quick}, format="json")
+        assert response.status_code == 201, response.content
+        run = wait_for_run(response.json()["id"], timeout=60)
+        assert run.state == "SUCCEEDED", f"{run.state}{log_tails(worker)}"
+        assert not pool_processes(main) & originals
+    finally:
+        worker.stop()
+        purge_broker()
