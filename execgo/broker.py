@@ -42,13 +42,12 @@ source of truth for that case, and the sweeper sends such a run's work again
 import fcntl
 import os
 import socket
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty
-from time import monotonic, monotonic_ns
+from time import monotonic_ns
 
 from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, filesystem, virtual
@@ -171,22 +170,6 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot write {file}") from exc
 
 
-# A wait for messages is made of slices this long. Celery's blocking consumer
-# loop (the one this transport gets) waits 2 s at a time and looks at its
-# shutdown flag only between waits, and twice on the way out: 4 s of a warm
-# shutdown spent waiting for nothing. Between slices the wait looks at that
-# flag itself, and otherwise lasts as long as its caller asked (a ping's
-# replies, a SimpleQueue's get).
-MAX_DRAIN_S = 0.25
-
-
-def _worker_stopping() -> bool:
-    """Whether this process is a Celery worker that was told to stop."""
-    state = sys.modules.get("celery.worker.state")  # its flags hold an exit code, 0 included
-    return state is not None and any(flag is not None and flag is not False
-                                     for flag in (state.should_stop, state.should_terminate))
-
-
 class Transport(filesystem.Transport):
     """kombu's filesystem transport, with the channel above, driven by a
     worker's event loop.
@@ -226,19 +209,6 @@ class Transport(filesystem.Transport):
                 self.drain_events(connection, timeout=0)
             except socket.timeout:
                 return
-
-    def drain_events(self, connection, timeout=None):
-        # None stays None: a caller that blocks until a message keeps doing so.
-        if timeout is None:
-            return super().drain_events(connection, timeout=None)
-        deadline = monotonic() + timeout
-        while True:
-            remaining = deadline - monotonic()
-            try:
-                return super().drain_events(connection, timeout=max(min(remaining, MAX_DRAIN_S), 0.0))
-            except socket.timeout:
-                if remaining <= MAX_DRAIN_S or _worker_stopping():
-                    raise
 
 
 def use_atomic_filesystem_transport() -> None:

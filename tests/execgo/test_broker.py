@@ -4,7 +4,6 @@ exchange table, concurrent binds keep every binding, and two consumers never
 both take one message."""
 
 import multiprocessing
-import socket
 import subprocess
 import sys
 import threading
@@ -99,18 +98,40 @@ def test_a_wait_lasts_as_long_as_its_caller_asked(folder_connection):
             later.join()
 
 
-def test_a_stopping_worker_stops_waiting_within_a_slice(folder_connection, monkeypatch):
-    """Celery's consumer loop looks at its shutdown flag between waits of
-    2 s: a worker told to stop (exit code 0) ends its wait at the next slice."""
-    from celery.worker import state
+def test_a_worker_takes_the_folder_s_messages_from_its_event_loop(folder_connection):
+    """The transport says it is asynchronous, so a worker drives it from its
+    event loop (with the pool whose processes have pipes of their own:
+    tests/runs/test_pool_child_kill.py): a timer of the loop delivers what
+    is in the folder, and stops once the transport is unregistered."""
+    from celery.worker.worker import WorkController
+    from kombu import Consumer, Producer
+    from kombu.asynchronous import Hub
 
     connection, _ = folder_connection
-    connection.SimpleQueue("idle").consumer.consume()
-    monkeypatch.setattr(state, "should_stop", 0)
-    started = time.monotonic()
-    with pytest.raises(socket.timeout):
-        connection.drain_events(timeout=30)
-    assert time.monotonic() - started < 15  # a generous bound: the slice is 0.25 s, the wait asked 30 s
+    assert WorkController.should_use_eventloop(type("Worker", (), {"_conninfo": connection, "app": app})())
+    queue, received = Queue("looped"), []
+    consumer = Consumer(connection.channel(), [queue], accept=["json"],
+                        callbacks=[lambda body, message: (received.append(body), message.ack())])
+    consumer.consume()
+    producer = Producer(connection.clone().channel())
+    hub = Hub()
+    loop = hub.create_loop()
+    try:
+        connection.transport.register_with_event_loop(connection.connection, hub)
+        producer.publish({"n": 1}, routing_key="looped", declare=[queue])
+        deadline = time.monotonic() + 10
+        while not received and time.monotonic() < deadline:
+            next(loop)
+        assert received == [{"n": 1}]
+
+        connection.transport.unregister_from_event_loop(connection.connection, hub)
+        producer.publish({"n": 2}, routing_key="looped")
+        for _ in range(20):
+            next(loop)
+        assert received == [{"n": 1}]
+    finally:
+        producer.channel.connection.client.close()
+        hub.close()
 
 
 def _flood(connection, sent: int, name: str = "flood") -> list[int]:
