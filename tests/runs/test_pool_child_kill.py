@@ -311,8 +311,8 @@ def test_idle_pool_processes_killed_while_they_wait_for_a_task_leave_the_worker_
         assert len(originals) == 2
         for victim in originals:  # whichever of them waits in the read, it is killed
             os.kill(victim, signal.SIGKILL)
-            wait_until(lambda: len(pool_processes(main) - originals) >= 1 and len(pool_processes(main)) == 2,
-                       what="a new pool process")
+            wait_until(lambda victim=victim: victim not in pool_processes(main) and len(pool_processes(main)) == 2,
+                       what="a new pool process in its place")
         response = api.post("/api/v1/runs", {"title": "after", "plan": quick}, format="json")
         assert response.status_code == 201, response.content
         run = wait_for_run(response.json()["id"], timeout=60)
