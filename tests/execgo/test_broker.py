@@ -103,12 +103,11 @@ def test_a_worker_takes_the_folder_s_messages_from_its_event_loop(folder_connect
     event loop (with the pool whose processes have pipes of their own:
     tests/runs/test_pool_child_kill.py): a timer of the loop delivers what
     is in the folder, and stops once the transport is unregistered."""
-    from celery.worker.worker import WorkController
     from kombu import Consumer, Producer
     from kombu.asynchronous import Hub
 
     connection, _ = folder_connection
-    assert WorkController.should_use_eventloop(type("Worker", (), {"_conninfo": connection, "app": app})())
+    assert connection.transport.implements.asynchronous  # what a Celery worker asks before using its event loop
     queue, received = Queue("looped"), []
     consumer = Consumer(connection.channel(), [queue], accept=["json"],
                         callbacks=[lambda body, message: (received.append(body), message.ack())])
