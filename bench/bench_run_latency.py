@@ -8,7 +8,7 @@ CELERY_BROKER_URL are set. The database is kept from one invocation to the
 next, as a deployment's is (dropping and re-creating it right before each
 invocation measured markedly slower here). Prints every sample with where its time went
 (POST to the first step's start, the steps, the last step's end to
-SUCCEEDED), then the median and best, and references for the machine's
+SUCCEEDED), then the median, p95 and best, and references for the machine's
 speed at the time, before and after: a bare posix_spawn + wait of /bin/true
 and a PostgreSQL round trip (small VMs change speed from minute to minute;
 compare figures with them).
@@ -107,7 +107,9 @@ def main() -> None:
                       f"(first step started after {part[0] * 1000:.1f} ms, {part[1] * 1000:.2f} ms a step, "
                       f"closed {part[2] * 1000:.1f} ms after the last)")
         median_part = [statistics.median(part[i] for part in parts) * 1000 for i in range(3)]
-        print(f"median {statistics.median(samples) * 1000:.1f} ms, best {min(samples) * 1000:.1f} ms "
+        p95 = statistics.quantiles(samples, n=20)[-1] if len(samples) > 1 else samples[0]
+        print(f"median {statistics.median(samples) * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, "
+              f"best {min(samples) * 1000:.1f} ms "
               f"over {len(samples)} runs ({args.steps} sequential `true` steps, "
               f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]}); "
               f"medians: first step after {median_part[0]:.1f} ms, {median_part[1]:.2f} ms a step, "

@@ -41,6 +41,7 @@ from runs.steps import skip_pending
 from runs.transitions import TraceRecord, lock_run, run_transition
 from runtime import statements
 from runtime.envelopes import EnvelopeError
+from runtime.forkserver import ShimLink
 
 S = RunState
 
@@ -81,6 +82,30 @@ def forecast_next(finished: Step | None, steps: list[Step]) -> tuple[Step, Forec
     return following, Forecast(following.pk, new_handle_id(following, 1), plan)
 
 
+# A spare shim with the step it was forked for (``warm_first``).
+Warmed = tuple[ShimLink | None, Forecast | None]
+
+
+def warm_first(steps: list[Step], warmed: Warmed | None = None) -> Warmed:
+    """A spare for the step a run entering EXECUTING starts first here, its
+    sandbox pre-started for that step (``forecast_next``). ``warmed``: a
+    spare forked earlier, while the run was still being planned (before the
+    policy rated its steps): kept if the forecast now names the same step
+    with the same plan, else closed. A spare whose step does not come, or
+    comes otherwise, never runs anything (``shim_prestart``)."""
+    first, forecast = forecast_next(None, steps) or (None, None)
+    if warmed is not None:
+        spare, early = warmed
+        if spare is not None and forecast is not None and early is not None \
+                and (early.step_pk, early.plan) == (forecast.step_pk, forecast.plan):
+            return spare, early
+        if spare is not None:
+            spare.close()
+    if forecast is None:
+        return None, None
+    return warm_shim(first, following=first, handle_id=forecast.handle_id, plan=forecast.plan), forecast
+
+
 def executing_started(run: Run) -> None:
     """Arm the harness's own run timer: a settle at the deadline fires
     TIMEOUT even when no step ever finishes (the deadline scan is the
@@ -106,31 +131,31 @@ def arm_timer_if_executing(run: Run) -> None:
 
 
 def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", caller: str | None = None,
-               warm_first: bool = False, steps: list[Step] | None = None) -> Claim | None:
+               first: bool = False, steps: list[Step] | None = None, warmed: Warmed | None = None) -> Claim | None:
     """Decide the run's next move. With ``claim_one``, one ready step that
     may run here is started at once for the caller to execute in-process
     (saving a broker round trip and a transaction on a sequential plan),
     taking over the reservation of the ``handover`` handle when it can; the
     other ready steps are enqueued after commit. ``caller``: who the audit
     row names if this settle times the run out (the run's timer, the
-    deadline scan); the edge's own caller otherwise. ``warm_first`` (the
-    run has just entered EXECUTING): the step to be started here is
-    forecast, and its shim forked with its sandbox pre-started while this
-    transaction dispatches it and commits (the claim carries the spare).
-    ``steps``: with ``warm_first``, the run's steps as its stages just
-    created and rated them in the caller's transaction, else read here."""
-    spare = forecast = None
+    deadline scan); the edge's own caller otherwise. ``first`` (the run has
+    just entered EXECUTING): the step to be started here is forecast, and
+    its shim forked with its sandbox pre-started while this transaction
+    dispatches it and commits (``warm_first``; the claim carries the
+    spare). ``steps``: with ``first``, the run's steps as its stages just
+    created and rated them in the caller's transaction, else read here.
+    ``warmed``: with ``first``, a spare the stages forked earlier, now this
+    call's to use or close."""
+    spare, forecast = warmed or (None, None)
     try:
         with statements.in_transaction():  # no savepoint in the stages' transaction
             run = lock_run(run_id)
-            if warm_first and claim_one and run is not None and run.state == S.EXECUTING:
+            if first and claim_one and run is not None and run.state == S.EXECUTING:
                 if steps is None:
                     steps = list(Step.objects.filter(run_id=run_id).only(*SETTLE_STEP_FIELDS))
-                first, forecast = forecast_next(None, steps) or (None, None)
-                if first is not None:
-                    spare = warm_shim(first, following=first, handle_id=forecast.handle_id, plan=forecast.plan)
+                spare, forecast = warm_first(steps, (spare, forecast))
             else:
-                steps = None
+                steps = forecast = None
             claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller,
                                          steps=steps, forecast=forecast)
         if spare is not None and claim is not None and claim.started is not None \

@@ -7,11 +7,13 @@ outlives the chain, and never runs the step it was told of."""
 import json
 import threading
 import uuid
+from dataclasses import replace
 
 import psutil
 import pytest
 from django.utils import timezone
 
+import runs.pipeline
 import runs.settle
 from runs.execution import execute_claims, step_finish
 from runs.models import Run, Step, StepStatus
@@ -148,4 +150,92 @@ def test_a_first_step_pre_started_but_not_started_here_never_runs(tenant, agent,
     assert Run.objects.get(pk=run.pk).state == "CLOSED_CANCELLED"
     assert Step.objects.get(run=run).status == StepStatus.SKIPPED
     wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
+    assert commands_named(marker) == []
+
+
+def counting_warm_shims(monkeypatch) -> list:
+    """Every spare ``runs.settle`` asks for, kept in order (None when none was made)."""
+    real, warmed = runs.settle.warm_shim, []
+
+    def warming(*args, **kwargs):
+        spare = real(*args, **kwargs)
+        warmed.append(spare)
+        return spare
+
+    monkeypatch.setattr(runs.settle, "warm_shim", warming)
+    return warmed
+
+
+@needs_bubblewrap
+def test_the_first_step_s_spare_is_forked_before_the_policy_rates_the_steps(tenant, agent, monkeypatch):
+    """Forked once the steps are planned, so the sandbox is being set up
+    while the policy rates them and the stages commit; once rated, the
+    same step with the same plan is started in it (no second spare)."""
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
+    warmed = counting_warm_shims(monkeypatch)
+    real_evaluate, spares_at_rating = runs.pipeline.evaluate_policy, []
+
+    def evaluate(run, steps):
+        spares_at_rating.append(len(warmed))
+        return real_evaluate(run, steps)
+
+    monkeypatch.setattr(runs.pipeline, "evaluate_policy", evaluate)
+    run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run
+
+    execute_claims(run_advance(run.pk))
+
+    assert spares_at_rating == [1]
+    assert len(warmed) == 1 and warmed[0] is not None
+    step = Step.objects.get(run=run)
+    assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
+    assert step.result["details"]["started_by"] == "prestart"
+    wait_until(lambda: shims_of_the_fork_server() == [], what="every shim and spare gone")
+
+
+@needs_bubblewrap
+def test_a_first_step_pre_started_for_a_run_held_for_approval_never_runs(tenant, agent, monkeypatch):
+    """The spare is forked before the policy rates the run: a run it holds
+    for a human closes the spare, whose command never starts."""
+    from policy.models import PolicyRule
+    from policy.rules import policy_rule_save
+
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
+    marker = str(uuid.uuid4().int % 10**9)
+    policy_rule_save(PolicyRule(name="test-held-sleep", tool="shell", field="words", pattern=rf"^sleep 600\.{marker}",
+                                outcome="high", reason="held in this test", priority=1))
+    warmed = counting_warm_shims(monkeypatch)
+    run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["sleep", f"600.{marker}"])).run
+
+    assert run_advance(run.pk) is None
+
+    assert Run.objects.get(pk=run.pk).state == "AWAITING_HITL"
+    assert len(warmed) == 1 and warmed[0] is not None
+    wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
+    assert commands_named(marker) == []
+
+
+@needs_bubblewrap
+def test_a_spare_forked_for_another_plan_than_the_rated_one_is_closed_and_replaced(tenant, agent, make_run):
+    """``warm_first`` keeps an earlier spare only if the step and the plan
+    it was forked for are the ones now forecast."""
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
+    marker = str(uuid.uuid4().int % 10**9)
+    run = make_run("EXECUTING")
+    step = Step.objects.create(run=run, step_id="a", position=0, tool="shell",
+                               params={"argv": ["sleep", f"600.{marker}"]}, timeout_s=5)
+    early_spare, early = runs.settle.warm_first([step])
+    assert early_spare is not None
+    wait_until(lambda: gates_for(marker) != [], what="the early spare's sandbox at its gate")
+    other_plan = {**early.plan, "limits": {**(early.plan.get("limits") or {}), "cpu_s": 1}}
+
+    spare, forecast = runs.settle.warm_first([step], (early_spare, replace(early, plan=other_plan)))
+    try:
+        assert spare is not None and spare is not early_spare
+        assert early_spare.sock.fileno() == -1  # closed
+        assert forecast.plan == early.plan and forecast.handle_id != early.handle_id
+        kept, kept_forecast = runs.settle.warm_first([step], (spare, forecast))
+        assert kept is spare and kept_forecast is forecast
+    finally:
+        spare.close()
+    wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="both spares gone")
     assert commands_named(marker) == []
