@@ -1,7 +1,7 @@
 """A sequential chain starts each next step in a spare shim, forked while
 the previous step ran and its result was being recorded, with the next
 step's sandbox set up there ahead (pre-started), and its first step in one
-forked while the stages dispatched it; a spare that no step takes never
+forked once the steps were planned, while the policy rated them; a spare that no step takes never
 outlives the chain, and never runs the step it was told of."""
 
 import json
@@ -44,7 +44,7 @@ def test_each_next_step_of_a_chain_starts_in_a_spare(tenant, agent):
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
     started = [json.loads((layout.task_dir(handle) / "launch.json").read_text())["via"]
                for handle in Step.objects.filter(run=run).order_by("position").values_list("handle_id", flat=True)]
-    # The first step's too: forked while the stages' transaction dispatched it and committed.
+    # The first step's too: forked once the steps were planned.
     assert started == ["spare"] * 5
     if capability_manifest()["bubblewrap"]["available"]:  # the default profile is linux_sandbox: pre-started
         assert [step.result["details"]["started_by"] for step in Step.objects.filter(run=run).order_by("position")
