@@ -1,8 +1,9 @@
 """A sequential chain starts each next step in a spare shim, forked while
 the previous step ran and its result was being recorded, with the next
 step's sandbox set up there ahead (pre-started), and its first step in one
-forked once the steps were planned, while the policy rated them; a spare that no step takes never
-outlives the chain, and never runs the step it was told of."""
+forked once the steps were planned, while the policy rated them; a spare
+that no step takes never outlives the chain, and never runs the step it
+was told of."""
 
 import json
 import threading
