@@ -24,7 +24,7 @@ from runs.errors import ExecGoError
 from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
 from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
-from runs.settle import Warmed, executing_started, run_settle, warm_first
+from runs.settle import executing_started, run_settle, warm_first
 from runs.statemachine import ENTERED_ONCE, RunState
 from runs.transitions import RUN_ROW, TraceRecord, TransitionLost, recorded_at_the_end, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
@@ -80,22 +80,12 @@ def _advance(run_id: int):
     # be stale only by the run having moved on, which that transition's
     # UPDATE (filtered on the state) finds. It takes the lock.
     held = run is not None and run.state in ENTERED_ONCE
-    warmed: list[Warmed] = []  # the first step's spare, forked once the steps are planned
-    try:
-        return _advance_from(run_id, run, held, warmed)
-    finally:
-        for spare, _forecast in warmed:
-            if spare is not None:
-                spare.close()  # the run did not reach EXECUTING here: the spare exits, having run nothing
-
-
-def _advance_from(run_id: int, run: Run | None, held: bool, warmed: list[Warmed]):
     while True:
         if run is None or run.is_final:
             return None
         if run.state == S.EXECUTING:
             claim = run_settle(run_id, claim_one=True, first=True, steps=getattr(run, "planned_steps", None),
-                               warmed=warmed.pop() if warmed else None)
+                               warmed=getattr(run, "first_spare", None))
             if claim is None:  # nothing runs here now: the timer at once
                 executing_started(run)
                 return None
@@ -118,11 +108,6 @@ def _advance_from(run_id: int, run: Run | None, held: bool, warmed: list[Warmed]
         # transition moves this copy without reading the run again.
         held = True
         run = moved if moved is not None else statements.select(Run, run_id, RUN_ROW)
-        if run.state == S.POLICY_CHECK and getattr(run, "planned_steps", None) and not warmed:
-            # Planned: the first step's sandbox is set up while the policy
-            # rates the steps (``warm_first`` keeps it only if the step and
-            # its plan come out the same; a run held for approval closes it).
-            warmed.append(warm_first(run.planned_steps))
 
 
 def _prepare(run: Run, held: bool) -> Run:
@@ -193,9 +178,20 @@ def _check_policy(run: Run, held: bool) -> Run:
                 moved = run_transition(run, S.AWAITING_HITL, expected=S.POLICY_CHECK, held=held, trace=trace)
                 _request_approval(run, decision.data)
             return moved
-    with statements.in_transaction():
-        bind_rated_plans(run.pk, decision.data, steps=planned)
-        return run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, held=held, trace=trace)
+    # The run executes now: the first step's sandbox is set up while its
+    # rating is bound and the stages dispatch it (``warm_first``: run_settle
+    # keeps the spare if the step and plan forecast once bound are the same).
+    warmed = warm_first(planned) if planned else None
+    try:
+        with statements.in_transaction():
+            bind_rated_plans(run.pk, decision.data, steps=planned)
+            moved = run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, held=held, trace=trace)
+    except BaseException:
+        if warmed is not None and warmed[0] is not None:
+            warmed[0].close()
+        raise
+    moved.first_spare = warmed  # run_settle's now, to use or close
+    return moved
 
 
 def _request_approval(run: Run, decision: dict) -> None:

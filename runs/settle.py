@@ -89,9 +89,9 @@ Warmed = tuple[ShimLink | None, Forecast | None]
 def warm_first(steps: list[Step], warmed: Warmed | None = None) -> Warmed:
     """A spare for the step a run entering EXECUTING starts first here, its
     sandbox pre-started for that step (``forecast_next``). ``warmed``: a
-    spare forked earlier, while the run was still being planned (before the
-    policy rated its steps): kept if the forecast now names the same step
-    with the same plan, else closed. A spare whose step does not come, or
+    spare forked earlier, once the policy let the run execute but before
+    its rated plans were bound: kept if the forecast now names the same
+    step with the same plan, else closed. A spare whose step does not come, or
     comes otherwise, never runs anything (``shim_prestart``)."""
     first, forecast = forecast_next(None, steps) or (None, None)
     if warmed is not None:
@@ -144,8 +144,8 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", call
     dispatches it and commits (``warm_first``; the claim carries the
     spare). ``steps``: with ``first``, the run's steps as its stages just
     created and rated them in the caller's transaction, else read here.
-    ``warmed``: with ``first``, a spare the stages forked earlier, now this
-    call's to use or close."""
+    ``warmed``: with ``first``, the spare the policy stage forked
+    (``warm_first``), now this call's to use or close."""
     spare, forecast = warmed or (None, None)
     try:
         with statements.in_transaction():  # no savepoint in the stages' transaction

@@ -1,9 +1,8 @@
 """A sequential chain starts each next step in a spare shim, forked while
 the previous step ran and its result was being recorded, with the next
 step's sandbox set up there ahead (pre-started), and its first step in one
-forked once the steps were planned, while the policy rated them; a spare
-that no step takes never outlives the chain, and never runs the step it
-was told of."""
+forked once the policy let the run execute; a spare that no step takes
+never outlives the chain, and never runs the step it was told of."""
 
 import json
 import threading
@@ -45,7 +44,7 @@ def test_each_next_step_of_a_chain_starts_in_a_spare(tenant, agent):
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
     started = [json.loads((layout.task_dir(handle) / "launch.json").read_text())["via"]
                for handle in Step.objects.filter(run=run).order_by("position").values_list("handle_id", flat=True)]
-    # The first step's too: forked once the steps were planned.
+    # The first step's too: forked once the policy let the run execute.
     assert started == ["spare"] * 5
     if capability_manifest()["bubblewrap"]["available"]:  # the default profile is linux_sandbox: pre-started
         assert [step.result["details"]["started_by"] for step in Step.objects.filter(run=run).order_by("position")
@@ -168,24 +167,30 @@ def counting_warm_shims(monkeypatch) -> list:
 
 
 @needs_bubblewrap
-def test_the_first_step_s_spare_is_forked_before_the_policy_rates_the_steps(tenant, agent, monkeypatch):
-    """Forked once the steps are planned, so the sandbox is being set up
-    while the policy rates them and the stages commit; once rated, the
-    same step with the same plan is started in it (no second spare)."""
+def test_the_first_step_s_spare_is_forked_as_soon_as_the_policy_lets_the_run_execute(tenant, agent, monkeypatch):
+    """Forked once the policy has rated the steps low, so the sandbox is
+    being set up while the rating is bound and the stages dispatch the step
+    and commit; the same step with the same plan is then started in it (no
+    second spare)."""
     forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
     warmed = counting_warm_shims(monkeypatch)
-    real_evaluate, spares_at_rating = runs.pipeline.evaluate_policy, []
+    real_evaluate, real_bind, spares_at = runs.pipeline.evaluate_policy, runs.pipeline.bind_rated_plans, []
 
     def evaluate(run, steps):
-        spares_at_rating.append(len(warmed))
+        spares_at.append(("rating", len(warmed)))
         return real_evaluate(run, steps)
 
+    def bind(*args, **kwargs):
+        spares_at.append(("binding", len(warmed)))
+        return real_bind(*args, **kwargs)
+
     monkeypatch.setattr(runs.pipeline, "evaluate_policy", evaluate)
+    monkeypatch.setattr(runs.pipeline, "bind_rated_plans", bind)
     run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["true"])).run
 
     execute_claims(run_advance(run.pk))
 
-    assert spares_at_rating == [1]
+    assert spares_at == [("rating", 0), ("binding", 1)]
     assert len(warmed) == 1 and warmed[0] is not None
     step = Step.objects.get(run=run)
     assert Run.objects.get(pk=run.pk).state == "SUCCEEDED"
@@ -194,9 +199,10 @@ def test_the_first_step_s_spare_is_forked_before_the_policy_rates_the_steps(tena
 
 
 @needs_bubblewrap
-def test_a_first_step_pre_started_for_a_run_held_for_approval_never_runs(tenant, agent, monkeypatch):
-    """The spare is forked before the policy rates the run: a run it holds
-    for a human closes the spare, whose command never starts."""
+def test_a_run_held_for_approval_gets_no_spare_and_leaves_nothing_on_disk(tenant, agent, monkeypatch):
+    """A spare is forked only for a run the policy lets execute: one held
+    for a human has no shim forked, no sandbox set up and no task directory
+    made for it."""
     from policy.models import PolicyRule
     from policy.rules import policy_rule_save
 
@@ -210,9 +216,10 @@ def test_a_first_step_pre_started_for_a_run_held_for_approval_never_runs(tenant,
     assert run_advance(run.pk) is None
 
     assert Run.objects.get(pk=run.pk).state == "AWAITING_HITL"
-    assert len(warmed) == 1 and warmed[0] is not None
-    wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
-    assert commands_named(marker) == []
+    assert warmed == []
+    assert gates_for(marker) == [] and shims_of_the_fork_server() == []
+    step = Step.objects.get(run=run)
+    assert not list(layout.tasks_dir().glob(f"h-{step.pk}-*"))
 
 
 @needs_bubblewrap
