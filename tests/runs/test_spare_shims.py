@@ -126,33 +126,6 @@ def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_
     wait_until(lambda: shims_of_the_fork_server() == [], what="the unused spare gone")
 
 
-@needs_bubblewrap
-def test_a_first_step_pre_started_but_not_started_here_never_runs(tenant, agent, monkeypatch):
-    """The first step's spare is forked before the stages' transaction
-    decides; a run that the decision ends instead (a cancel stored while it
-    was checked) closes the spare, and its command never starts."""
-    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
-    marker = str(uuid.uuid4().int % 10**9)
-    run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["sleep", f"600.{marker}"])).run
-    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
-    real, warmed = runs.settle.warm_shim, []
-
-    def warming(*args, **kwargs):
-        spare = real(*args, **kwargs)
-        warmed.append(spare)
-        return spare
-
-    monkeypatch.setattr(runs.settle, "warm_shim", warming)
-
-    assert run_advance(run.pk) is None
-
-    assert len(warmed) == 1 and warmed[0] is not None  # the spare was made, then not used
-    assert Run.objects.get(pk=run.pk).state == "CLOSED_CANCELLED"
-    assert Step.objects.get(run=run).status == StepStatus.SKIPPED
-    wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
-    assert commands_named(marker) == []
-
-
 def counting_warm_shims(monkeypatch) -> list:
     """Every spare ``runs.settle`` asks for, kept in order (None when none was made)."""
     real, warmed = runs.settle.warm_shim, []
@@ -164,6 +137,26 @@ def counting_warm_shims(monkeypatch) -> list:
 
     monkeypatch.setattr(runs.settle, "warm_shim", warming)
     return warmed
+
+
+@needs_bubblewrap
+def test_a_first_step_pre_started_but_not_started_here_never_runs(tenant, agent, monkeypatch):
+    """The first step's spare is forked before the stages' transaction
+    decides; a run that the decision ends instead (a cancel stored before
+    its stages ran) closes the spare, and its command never starts."""
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
+    marker = str(uuid.uuid4().int % 10**9)
+    run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["sleep", f"600.{marker}"])).run
+    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
+    warmed = counting_warm_shims(monkeypatch)
+
+    assert run_advance(run.pk) is None
+
+    assert len(warmed) == 1 and warmed[0] is not None  # the spare was made, then not used
+    assert Run.objects.get(pk=run.pk).state == "CLOSED_CANCELLED"
+    assert Step.objects.get(run=run).status == StepStatus.SKIPPED
+    wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="the spare gone")
+    assert commands_named(marker) == []
 
 
 @needs_bubblewrap
