@@ -6,6 +6,7 @@ never outlives the chain, and never runs the step it was told of."""
 
 import json
 import threading
+import time
 import uuid
 from dataclasses import replace
 
@@ -204,6 +205,7 @@ def test_a_run_held_for_approval_gets_no_spare_and_leaves_nothing_on_disk(tenant
     policy_rule_save(PolicyRule(name="test-held-sleep", tool="shell", field="words", pattern=rf"^sleep 600\.{marker}",
                                 outcome="high", reason="held in this test", priority=1))
     warmed = counting_warm_shims(monkeypatch)
+    started = time.time()
     run = run_submit(tenant=tenant, user=agent, plan=simple_plan(["sleep", f"600.{marker}"])).run
 
     assert run_advance(run.pk) is None
@@ -211,8 +213,9 @@ def test_a_run_held_for_approval_gets_no_spare_and_leaves_nothing_on_disk(tenant
     assert Run.objects.get(pk=run.pk).state == "AWAITING_HITL"
     assert warmed == []
     assert gates_for(marker) == [] and shims_of_the_fork_server() == []
+    # (An earlier test's directory may carry the same step id: a flushed SQLite table reuses them.)
     step = Step.objects.get(run=run)
-    assert not list(layout.tasks_dir().glob(f"h-{step.pk}-*"))
+    assert not [path for path in layout.tasks_dir().glob(f"h-{step.pk}-*") if path.stat().st_mtime >= started]
 
 
 @needs_bubblewrap
