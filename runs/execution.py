@@ -57,7 +57,7 @@ from runs.ledger_heal import ledger_heal
 from runs.metrics import count_step_end
 from runs.models import AuditEvent, EventType, Run, Step, StepRunStatus, StepStatus
 from runs.outbox import emit, emit_step_event, step_event
-from runs.settle import Forecast, arm_timer_if_executing, forecast_next, settle_locked
+from runs.settle import Forecast, arm_timer_if_executing, close_unused, forecast_next, settle_locked
 from runs.statemachine import RunState
 from runs.step_lifecycle import step_set
 from runs.steps import unstarted_result
@@ -144,9 +144,8 @@ def _step_execute(step_pk: int, attempt: int, *, started: Step | None, steps: li
 
 
 def _close_spares(ahead: list[tuple[ShimLink | None, Forecast | None]]) -> None:
-    for following_spare, _forecast_made in ahead:
-        if following_spare is not None:
-            following_spare.close()
+    for following_spare, forecast in ahead:
+        close_unused(following_spare, forecast)  # the step's end was not recorded here: nor was the forecast
 
 
 def _claim(step_pk: int, attempt: int) -> tuple[Step, bool, dict | None] | None:
@@ -289,19 +288,20 @@ def step_finish(step: Step, attempt: int, result: dict, *, steps: list[Step] | N
     ``_warm_following`` made ready while the attempt ran."""
     spare, forecast = ahead or (None, None)
     if steps is None or result["status"] != StepRunStatus.SUCCESS:
-        if spare is not None:
-            spare.close()
+        close_unused(spare, forecast)  # before the transaction: none names the forecast
         spare = forecast = None
     elif ahead is None:  # the step ran in this process (not in a shim): made ready now, during the transaction
         spare, forecast = _warm_following(step, steps)
     try:
         claim = _step_finish(step, attempt, result, steps=steps, forecast=forecast)
-        if spare is not None and claim is not None and claim.started is not None:
-            claim, spare = replace(claim, spare=spare), None
+        if claim is not None and claim.started is not None:
+            if spare is not None:  # a spare forecast for another step starts this one the usual way
+                claim, spare = replace(claim, spare=spare), None
+            if forecast is not None and claim.started.handle_id == forecast.handle_id:
+                forecast = None  # its task directory is the started step's
         return claim
     finally:
-        if spare is not None:
-            spare.close()  # no step of this chain follows here: the spare exits
+        close_unused(spare, forecast, maybe_recorded=True)  # no step of this chain follows here
 
 
 def _warm_following(step: Step, steps: list[Step]) -> tuple[ShimLink | None, Forecast | None]:

@@ -24,7 +24,7 @@ from runs.errors import ExecGoError
 from runs.models import AuditEvent, Event, EventType, Run, Step, TraceKind
 from runs.outbox import emit
 from runs.planners import PlanningFailed, plan_run
-from runs.settle import executing_started, run_settle, warm_first
+from runs.settle import close_unused, executing_started, run_settle, warm_first
 from runs.statemachine import ENTERED_ONCE, RunState
 from runs.transitions import RUN_ROW, TraceRecord, TransitionLost, recorded_at_the_end, run_transition
 from runs.webhooks import run_callback_payload, webhook_configured, webhook_notify
@@ -187,8 +187,8 @@ def _check_policy(run: Run, held: bool) -> Run:
             bind_rated_plans(run.pk, decision.data, steps=planned)
             moved = run_transition(run, S.EXECUTING, expected=S.POLICY_CHECK, held=held, trace=trace)
     except BaseException:
-        if warmed is not None and warmed[0] is not None:
-            warmed[0].close()
+        if warmed is not None:
+            close_unused(*warmed)  # rolled back: no step names its handle
         raise
     moved.first_spare = warmed  # run_settle's now, to use or close
     return moved

@@ -17,6 +17,7 @@ shim can set up its sandbox meanwhile (``runs.execution``).
 
 from dataclasses import dataclass, replace
 
+from django.db import DatabaseError
 from django.utils import timezone
 
 from runs.closing import run_close
@@ -42,6 +43,7 @@ from runs.transitions import TraceRecord, lock_run, run_transition
 from runtime import statements
 from runtime.envelopes import EnvelopeError
 from runtime.forkserver import ShimLink
+from runtime.launcher import discard_preset
 
 S = RunState
 
@@ -99,11 +101,31 @@ def warm_first(steps: list[Step], warmed: Warmed | None = None) -> Warmed:
         if spare is not None and forecast is not None and early is not None \
                 and (early.step_pk, early.plan) == (forecast.step_pk, forecast.plan):
             return spare, early
-        if spare is not None:
-            spare.close()
+        close_unused(spare, early)  # forecast before the rating was bound: no transaction named it
     if forecast is None:
         return None, None
     return warm_shim(first, following=first, handle_id=forecast.handle_id, plan=forecast.plan), forecast
+
+
+def close_unused(spare: ShimLink | None, forecast: Forecast | None, *, maybe_recorded: bool = False) -> None:
+    """Close a spare no step was started in (it exits, its sandbox having
+    run nothing), and remove the task directory its forecast's preset made
+    (``launcher.sandbox_preset``) unless a step names that handle: the
+    forecast step dispatched to the queue with it (``_dispatch``), whose
+    task prepares it there. ``maybe_recorded``: the caller's transaction
+    may have done so (read here; a database that cannot answer keeps the
+    directory); else no transaction ever had the forecast."""
+    if spare is not None:
+        spare.close()
+    if forecast is None:
+        return
+    if maybe_recorded:
+        try:
+            if Step.objects.filter(pk=forecast.step_pk, handle_id=forecast.handle_id).exists():
+                return
+        except DatabaseError:
+            return
+    discard_preset(forecast.handle_id)
 
 
 def executing_started(run: Run) -> None:
@@ -155,15 +177,17 @@ def run_settle(run_id: int, *, claim_one: bool = False, handover: str = "", call
                     steps = list(Step.objects.filter(run_id=run_id).only(*SETTLE_STEP_FIELDS))
                 spare, forecast = warm_first(steps, (spare, forecast))
             else:
-                steps = forecast = None
+                close_unused(spare, forecast)  # nothing is dispatched with it
+                spare = forecast = steps = None
             claim, close = settle_locked(run, [], claim_one=claim_one, handover=handover, caller=caller,
                                          steps=steps, forecast=forecast)
-        if spare is not None and claim is not None and claim.started is not None \
+        if forecast is not None and claim is not None and claim.started is not None \
                 and claim.started.handle_id == forecast.handle_id:
-            claim, spare = replace(claim, spare=spare), None
+            if spare is not None:
+                claim = replace(claim, spare=spare)
+            spare = forecast = None
     finally:
-        if spare is not None:
-            spare.close()  # not started here: an unused spare exits, its sandbox never runs anything
+        close_unused(spare, forecast, maybe_recorded=True)  # not started here: its sandbox never ran anything
     if close:
         run_close(run_id, tracing=run)
     return claim

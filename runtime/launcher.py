@@ -36,7 +36,7 @@ from runtime.layout import (
     write_private,
 )
 from runtime.plan_resolver import resolve_plan
-from runtime.sandbox import mount_plan, visible_roots
+from runtime.sandbox import IDENTITY_FILES, mount_plan, visible_roots
 from runtime.tools import shell as shell_tool
 from runtime.tools import validate_params
 
@@ -160,6 +160,29 @@ def sandbox_preset(handle_id: str, *, tool: str, params: dict, plan: dict) -> st
     if not _gate_keeps(command, handle_id, plan):
         return None
     return json.dumps({name: command.get(name) for name in shim_prestart.PRESET_FIELDS})
+
+
+def discard_preset(handle_id: str) -> None:
+    """Remove the task directory ``sandbox_preset`` made for ``handle_id``
+    once its spare is closed unused and no step will ever be prepared as
+    that handle (it was never recorded: a handle's suffix is random, so no
+    later attempt takes it). Only while it holds nothing but the step's
+    identity files: a directory a step was prepared in is never touched. A
+    sandbox of the closed spare still binding them (in its own mount
+    namespace) does not keep them from going."""
+    try:
+        directory = task_dir(handle_id)
+        names = os.listdir(directory)
+    except (EnvelopeError, OSError):
+        return
+    if not set(names) <= set(IDENTITY_FILES.values()):
+        return
+    try:
+        for name in names:
+            os.unlink(directory / name)
+        os.rmdir(directory)
+    except OSError:
+        pass  # written to meanwhile: what is there stays
 
 
 # Variables the gate's shell sets or reads itself (dash): a step naming one

@@ -17,7 +17,7 @@ from django.utils import timezone
 import runs.pipeline
 import runs.settle
 from runs.execution import execute_claims, step_finish
-from runs.models import Run, Step, StepStatus
+from runs.models import Run, Step, StepRunStatus, StepStatus
 from runs.pipeline import run_advance
 from runs.services import run_submit
 from runtime import executor, forkserver, layout
@@ -63,6 +63,13 @@ def gates_for(marker: str) -> list[psutil.Process]:
             and any(marker in part for part in p.info["cmdline"])]
 
 
+def made_since(started: float, step: Step) -> list:
+    """The task directories of ``step`` made since ``started`` (a flushed
+    SQLite table reuses step ids: an earlier test's may carry the same). A
+    file's time comes from a coarser clock, up to a tick behind: the slack."""
+    return [path for path in layout.tasks_dir().glob(f"h-{step.pk}-*") if path.stat().st_mtime >= started - 0.05]
+
+
 needs_bubblewrap = pytest.mark.skipif(not capability_manifest()["bubblewrap"]["available"],
                                       reason="pre-starting is for bubblewrap sandboxes")
 
@@ -90,6 +97,7 @@ def test_the_step_pre_started_while_its_predecessor_runs_never_runs_if_the_chain
             chain_over.wait(0.01)
 
     watcher = threading.Thread(target=meanwhile)
+    started = time.time()
     watcher.start()
     try:
         execute_claims(run_advance(run.pk))
@@ -101,8 +109,11 @@ def test_the_step_pre_started_while_its_predecessor_runs_never_runs_if_the_chain
     assert seen.is_set()
     run.refresh_from_db()
     assert run.state == ("CLOSED_FAILED" if ending == "the step fails" else "CLOSED_CANCELLED")
-    assert Step.objects.get(run=run, step_id="s1").status == StepStatus.SKIPPED
+    second = Step.objects.get(run=run, step_id="s1")
+    assert second.status == StepStatus.SKIPPED
     assert not ran.is_set() and commands_named(marker) == []
+    # Nor is the task directory its sandbox was preset with left behind.
+    assert made_since(started, second) == []
 
 
 def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_run):
@@ -213,9 +224,7 @@ def test_a_run_held_for_approval_gets_no_spare_and_leaves_nothing_on_disk(tenant
     assert Run.objects.get(pk=run.pk).state == "AWAITING_HITL"
     assert warmed == []
     assert gates_for(marker) == [] and shims_of_the_fork_server() == []
-    # (An earlier test's directory may carry the same step id: a flushed SQLite table reuses them.)
-    step = Step.objects.get(run=run)
-    assert not [path for path in layout.tasks_dir().glob(f"h-{step.pk}-*") if path.stat().st_mtime >= started]
+    assert made_since(started, Step.objects.get(run=run)) == []
 
 
 @needs_bubblewrap
@@ -243,3 +252,32 @@ def test_a_spare_forked_for_another_plan_than_the_rated_one_is_closed_and_replac
         spare.close()
     wait_until(lambda: gates_for(marker) == [] and shims_of_the_fork_server() == [], what="both spares gone")
     assert commands_named(marker) == []
+
+
+@needs_bubblewrap
+def test_a_forecast_step_sent_to_the_queue_keeps_the_task_directory_of_its_handle(tenant, agent, make_run,
+                                                                                   monkeypatch):
+    """The step forecast to follow gets the forecast's handle even when it
+    cannot start here (no slot) and goes to the queue: the directory its
+    sandbox was preset in is then that attempt's, and stays for its task."""
+    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
+    run = make_run("EXECUTING")
+    first, second = Step.objects.bulk_create([
+        Step(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]}, timeout_s=5),
+        Step(run=run, step_id="b", position=1, tool="shell", params={"argv": ["true"]}, timeout_s=5,
+             depends_on=["a"]),
+    ])
+    first = start_attempt(first)
+    result = executor.execute(first.handle_id, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1,
+                              plan=first.effective_plan)
+    queued = []
+    monkeypatch.setattr(runs.settle, "hand_over_reservation", lambda *args: False)
+    monkeypatch.setattr(runs.settle, "reserve_slot", lambda *args: False)
+    monkeypatch.setattr(runs.settle, "enqueue_claims", queued.extend)
+
+    assert step_finish(first, 1, result, steps=[first, second]) is None
+
+    second.refresh_from_db()
+    assert second.run_status == StepRunStatus.ACCEPTED and [claim.step_pk for claim in queued] == [second.pk]
+    assert layout.task_dir(second.handle_id).is_dir()
+    wait_until(lambda: shims_of_the_fork_server() == [], what="the unused spare gone")
