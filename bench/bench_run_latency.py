@@ -8,7 +8,8 @@ CELERY_BROKER_URL are set. The database is kept from one invocation to the
 next, as a deployment's is (dropping and re-creating it right before each
 invocation measured markedly slower here). Prints every sample with where its time went
 (POST to the first step's start, the steps, the last step's end to
-SUCCEEDED), then the median, p95 and best, and references for the machine's
+SUCCEEDED), then the median, p95 and best, the machine's CPU a step cost by
+who spent it (``benchcpu``), and references for the machine's
 speed at the time, before and after: a bare posix_spawn + wait of /bin/true
 and a PostgreSQL round trip (small VMs change speed from minute to minute;
 compare figures with them).
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchcpu import CpuSample, cpu_line
 from benchdb import ensure_database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,10 +96,13 @@ def main() -> None:
                            **({"depends_on": [f"s{i - 1}"]} if i else {})} for i in range(args.steps)]}
         samples, parts = [], []
         reference_before = machine_reference()
+        cpu_before = None
         for index in range(args.repeat + 1):  # the first run warms the worker up and is not counted
             run_id, started_at, finished_at = post_and_wait(client, plan)
             elapsed = finished_at - started_at
-            if index:
+            if not index:
+                cpu_before = CpuSample()
+            else:
                 samples.append(elapsed)
                 first_start, last_end = _step_span(Step, run_id)
                 part = (first_start - started_at, (last_end - first_start) / args.steps,
@@ -106,6 +111,7 @@ def main() -> None:
                 print(f"run {run_id}: {args.steps} steps POST -> SUCCEEDED in {elapsed * 1000:.1f} ms "
                       f"(first step started after {part[0] * 1000:.1f} ms, {part[1] * 1000:.2f} ms a step, "
                       f"closed {part[2] * 1000:.1f} ms after the last)")
+        cpu_after = CpuSample()
         median_part = [statistics.median(part[i] for part in parts) * 1000 for i in range(3)]
         p95 = statistics.quantiles(samples, n=20)[-1] if len(samples) > 1 else samples[0]
         print(f"median {statistics.median(samples) * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, "
@@ -114,6 +120,8 @@ def main() -> None:
               f"{os.environ['DATABASE_URL'].split(':')[0]} + {os.environ['CELERY_BROKER_URL'].split(':')[0]}); "
               f"medians: first step after {median_part[0]:.1f} ms, {median_part[1]:.2f} ms a step, "
               f"closed {median_part[2]:.1f} ms after the last step")
+        print(cpu_line(cpu_after.since(cpu_before), args.steps * len(samples), "step", cpu_after.at - cpu_before.at)
+              + " (the web's part is the bench's: it POSTs in-process)")
         print(f"machine reference before: {reference_before}; after: {machine_reference()}")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)

@@ -18,7 +18,10 @@ Prints median and p95 wall time per step for
   - forkserver:  runtime.launcher prepare + launch (fork server) + wait
   - spawn:       the same with a fresh `python -I -S shim.py` per step
 and the shim overhead (path minus bare). prepare (writing request.json) is
-timed separately: it is part of every step but not of the shim. Uses a
+timed separately: it is part of every step but not of the shim. For each
+path, the machine's CPU a step cost, all processes and the kernel's threads
+together (this process's preparing, launching and waiting included: a
+worker's part of a step, less its database work). Uses a
 throw-away data directory unless EXECGO_DATA_DIR is set.
 """
 
@@ -45,6 +48,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from benchcpu import CpuSample  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from runtime import attach, forkserver, launcher, layout  # noqa: E402
@@ -67,6 +71,9 @@ def bench_bare(n):
 
 
 PRESTART_LEAD_S = 0.02
+# The kernel tears a sandbox's namespaces down after it exited, in its own
+# threads: the CPU a mode cost is read this long after its last step.
+CPU_SETTLE_S = 0.5
 PARAMS = {"argv": ["/bin/true"]}
 
 
@@ -111,14 +118,17 @@ def main():
     if plan["profile"] == "linux_sandbox":
         modes.insert(0, ("shim pre-started in a spare", True, True, True))
     for label, use_forkserver, use_spare, prestart in modes:
+        before = CpuSample()
         prepare_ms, step_ms = bench_shim(n, plan, use_forkserver=use_forkserver, use_spare=use_spare,
                                          prestart=prestart)
+        time.sleep(CPU_SETTLE_S)
+        cpu_ms = (CpuSample().busy_s - before.busy_s) * 1000 / n
         med, p95 = summary(step_ms)
         prep_med, _ = summary(prepare_ms)
         print(
             f"{label:<28} median {med:6.2f} ms   p95 {p95:6.2f} ms   "
             f"overhead median {med - bare_med:6.2f} ms   p95 {p95 - bare_p95:6.2f} ms   "
-            f"(prepare median {prep_med:.2f} ms)"
+            f"(prepare median {prep_med:.2f} ms; machine CPU {cpu_ms:.1f} ms a step)"
         )
     forkserver.stop_server(str(settings.EXECGO_TASKS_DIR))
     if SCRATCH:

@@ -30,8 +30,13 @@ Prints the runs submitted (and the answers, by status), the runs
 final and their states, the sustained rate (runs that became final within
 the window, a second; and over the whole, from the window's start to the
 last run's end), and the 50th, 95th and 99th percentiles of POST to final
-(the run's finished_at less the moment its POST was sent), with the load
-average before and after (the machine's speed varies; compare with it).
+(the run's finished_at less the moment its POST was sent), the machine's
+CPU a final run cost, by who spent it (the web process, the worker, the
+fork server, PostgreSQL, Redis, the kernel's threads, the shims and their
+sandboxes: from the window's start until the last run ended, ``benchcpu``)
+and the rate the
+machine's cores allow at that cost, with the load average before and after
+(the machine's speed varies; compare with it).
 """
 
 import argparse
@@ -42,6 +47,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchcpu import CpuSample, cpu_line
 from benchload import FINAL, percentiles, prepare, revoke, wait_final
 from benchprocs import start_web, start_worker, stop
 
@@ -150,6 +156,7 @@ def main() -> None:
     log = Submissions()
     try:
         warm_up(base_url, keys)
+        cpu_before = CpuSample()
         start = time.time()
         end = start + args.seconds
         threads = [threading.Thread(target=submitter, args=(base_url, keys[index % len(keys)], log, start, end,
@@ -162,6 +169,7 @@ def main() -> None:
         submitted_for = time.time() - start
         accepted = [run_id for _sent, status, run_id in log.sent if status == 201]
         tail_s = wait_final(accepted, args.tail)
+        cpu_after = CpuSample()
     finally:
         stop(web, worker, wait_s=120)  # a backlog's tasks end first
         revoke(tokens)
@@ -190,6 +198,7 @@ def main() -> None:
           f"after the window's start)")
     print(f"  POST -> final: p50 {points[50]:.0f} ms, p95 {points[95]:.0f} ms, p99 {points[99]:.0f} ms "
           f"over {len(latencies)} runs")
+    print("  " + cpu_line(cpu_after.since(cpu_before), len(final), "run", cpu_after.at - cpu_before.at))
     print("  load average (1, 5, 15 min) before: " + ", ".join(f"{x:.2f}" for x in load_before)
           + "; after: " + ", ".join(f"{x:.2f}" for x in load_after))
 
