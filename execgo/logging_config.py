@@ -25,7 +25,8 @@ def logging_config(*, log_format: str, log_file: str, level: str,
         handlers["file"] = {"class": "logging.handlers.WatchedFileHandler", "filename": log_file,
                             "formatter": log_format}
     periodic_tasks = [*(entry["task"] for entry in beat_schedule.values()),
-                      "runs.tasks.heal_host"]  # fanned out by heal_ledgers, one per host
+                      # fanned out one per host, by heal_ledgers and purge_expired_run_artifacts
+                      "runs.tasks.heal_host", "runs.tasks.purge_host_artifacts"]
     return {
         "version": 1,
         "disable_existing_loggers": False,

@@ -44,6 +44,7 @@ SETTLE_RUN = "runs.tasks.settle_run"
 REATTACH_STEP = "runs.tasks.reattach_step"
 WATCHED_END = "runs.tasks.record_watched_step"
 HEAL_HOST = "runs.tasks.heal_host"
+PURGE_HOST = "runs.tasks.purge_host_artifacts"
 SWEEP_RUN = "runs.tasks.sweep_stuck_run"
 EXPIRE_APPROVAL = "approvals.tasks.expire_approval_request"
 SEND_NOTIFICATION = "approvals.tasks.send_notification"
@@ -189,3 +190,9 @@ def enqueue_heal(host: str, *, expires: float | None = None) -> None:
     ``expires``, a heal no worker of that host took in time is dropped: the
     next one is on its way, and a gone host's queue does not fill up."""
     _send(HEAL_HOST, (), queue=host_queue(host), expires=expires)
+
+
+def enqueue_purge(host: str, *, expires: float | None = None) -> None:
+    """The retention GC's purge of ``host``'s own task directories (they are
+    on its disk only); ``expires`` as for ``enqueue_heal``."""
+    _send(PURGE_HOST, (), queue=host_queue(host), expires=expires)

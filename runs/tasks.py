@@ -21,7 +21,7 @@ from django.db import close_old_connections
 from runs import step_watch
 from runs.dataplane import capability_queues, current_host, host_capabilities, host_queue
 from runs.deadlines import scan_deadlines
-from runs.dispatch import enqueue_heal, relay_dispatches
+from runs.dispatch import enqueue_heal, enqueue_purge, relay_dispatches
 from runs.execution import execute_claims, step_execute, step_reattach, step_watched_end
 from runs.ledger_heal import ledger_heal
 from runs.pipeline import run_advance
@@ -95,6 +95,14 @@ def record_watched_step(step_pk: int, attempt: int) -> None:
 
 @shared_task(ignore_result=True)
 def purge_expired_run_artifacts() -> None:
+    """Beat: the retention GC on every host (each on its own host queue:
+    a task directory is on its host's disk only)."""
+    for host in hosts_to_heal():
+        enqueue_purge(host, expires=settings.EXECGO_GC_INTERVAL_S)
+
+
+@shared_task(ignore_result=True)
+def purge_host_artifacts() -> None:
     purge_expired_artifacts()
 
 

@@ -1,7 +1,8 @@
 """Purge the bulky part of finished steps: workspaces and logs.
 
-The caller (the harness) decides which handles belong to final runs past
-their retention; this module only deletes files. ``request.json``,
+The caller (the harness) decides which of this host's handles
+(``handles_with_artifacts``) belong to final runs past their retention;
+this module only finds and deletes files. ``request.json``,
 ``result.json`` and the small bookkeeping files stay, so a result can still
 be read back after its logs are gone; Run, Trace and AuditLog rows live in
 the database and are never touched here. A handle whose shim is still
@@ -18,9 +19,29 @@ from pathlib import Path
 from runtime import shim
 from runtime.attach import shim_alive
 from runtime.envelopes import EnvelopeError
-from runtime.layout import WORKSPACE_DIR, task_dir
+from runtime.layout import WORKSPACE_DIR, task_dir, tasks_dir
 
 PURGED_FILES = (shim.STDOUT_FILE, shim.STDERR_FILE, shim.PROGRESS_FILE, shim.STDIN_FILE, shim.SHIM_ERR_FILE)
+PURGED = frozenset((WORKSPACE_DIR, *PURGED_FILES))
+
+
+def handles_with_artifacts() -> list[str]:
+    """The names of this host's task directories that still hold a
+    workspace or a log: what ``purge_task_dirs`` has left to delete (one
+    directory listing each; a purged directory keeps only small files)."""
+    found = []
+    try:
+        entries = os.scandir(tasks_dir())
+    except FileNotFoundError:
+        return found
+    with entries:
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False) and not PURGED.isdisjoint(os.listdir(entry.path)):
+                    found.append(entry.name)
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+    return found
 
 
 def _remove(path: Path) -> bool:

@@ -1,18 +1,28 @@
 """Step logs over the API while they exist; the retention GC purges
-workspaces and logs of old final runs, keeps the rows, and audits it."""
+workspaces and logs of old final runs on every host that ran them, keeps
+the rows, and audits it."""
 
+import os
+import shutil
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from runs.dataplane import current_host, host_queue
 from runs.execution import execute_claims
 from runs.models import AuditLog, Run
 from runs.pipeline import run_advance
 from runs.retention import purge_expired_artifacts, run_handles
 from runs.services import run_submit
+from runs.tasks import purge_expired_run_artifacts
+from runs.worker_start import hosts_to_heal
+from runtime import ledger
+from runtime.gc import PURGED
 from runtime.layout import task_dir
-from tests.conftest import make_user, token_client
+from runtime.models import HostCapacity
+from tests.conftest import make_user, purge_broker, token_client
+from tests.runs.test_ledger_heal import queued
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,3 +90,48 @@ def test_gc_leaves_live_runs_alone(tenant, agent, make_run, settings):
     assert purge_expired_artifacts(now=timezone.now() + timedelta(days=30)) == []
     live.refresh_from_db()
     assert live.artifacts_purged_at is None
+
+
+def test_each_host_purges_the_task_directories_of_the_attempts_it_ran(tenant, agent, settings, tmp_path):
+    """A task directory is on the disk of the host that ran its attempt: a
+    run whose steps ran on two hosts is purged on each, by each host's own
+    purge, audited once per host."""
+    settings.EXECGO_TASK_RETENTION_S = 3600
+    old = finished_run(tenant, agent, "echo one", "echo two")
+    here, there = (old.steps.get(step_id=step_id).handle_id for step_id in ("s", "s1"))
+    host_b_tasks = tmp_path / "host-b-tasks"
+    host_b_tasks.mkdir()
+    shutil.move(task_dir(there), host_b_tasks / there)  # the second step ran on host-b
+    Run.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(hours=2))
+
+    this_host = current_host()
+    assert purge_expired_artifacts() == [old.pk]  # this host's
+    assert PURGED.isdisjoint(os.listdir(task_dir(here)))
+    assert not PURGED.isdisjoint(os.listdir(host_b_tasks / there))  # not this host's to reach
+
+    settings.EXECGO_HOST_NAME, settings.EXECGO_TASKS_DIR = "host-b", str(host_b_tasks)
+    assert purge_expired_artifacts() == [old.pk]
+    assert PURGED.isdisjoint(os.listdir(host_b_tasks / there))
+    assert (host_b_tasks / there / "result.json").exists()  # the small files stay
+    assert purge_expired_artifacts() == []
+
+    purges = list(AuditLog.objects.filter(run=old, event="artifacts_purged").order_by("pk"))
+    assert [purge.data["host"] for purge in purges] == [this_host, "host-b"]
+    assert all(path.startswith(str(host_b_tasks)) for path in purges[1].data["removed"])
+    assert not any(path.startswith(str(host_b_tasks)) for path in purges[0].data["removed"])
+
+
+def test_beat_sends_each_host_seen_lately_its_own_purge():
+    purge_broker()
+    for name in ("host-a", "host-b", "gone-host"):
+        ledger.host_register(name, task_slots=1, memory_bytes=2**30, pids=10)
+    HostCapacity.objects.filter(host="gone-host").update(last_seen=timezone.now().replace(year=2000))
+    live = hosts_to_heal()
+    assert {"host-a", "host-b"} <= set(live) and "gone-host" not in live
+
+    purge_expired_run_artifacts()
+
+    for name in live:
+        [message] = queued(host_queue(name))
+        assert message["task"] == "runs.tasks.purge_host_artifacts" and message["expires"] is not None
+    assert queued(host_queue("gone-host")) == []
