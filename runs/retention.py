@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from runs.audit import audit
 from runs.dataplane import current_host
-from runs.models import AuditEvent, Event, Run, Step
+from runs.models import AuditEvent, Run, Step
 from runs.statemachine import FINAL
 from runtime.gc import handles_with_artifacts, purge_task_dirs
 
@@ -27,14 +27,6 @@ from runtime.gc import handles_with_artifacts, purge_task_dirs
 ATTEMPT_HANDLE = re.compile(r"^h-(\d+)-\d+-[0-9a-f]+$")
 # Steps looked up at once (a parameter each).
 LOOKUP_BATCH = 1000
-
-
-def run_handles(run: Run) -> set[str]:
-    """Every attempt's handle: the step rows keep only the latest one, the
-    events name them all."""
-    handles = set(Event.objects.filter(run=run).exclude(handle_id="").values_list("handle_id", flat=True))
-    handles |= set(Step.objects.filter(run=run).exclude(handle_id="").values_list("handle_id", flat=True))
-    return handles
 
 
 def purge_expired_artifacts(*, now=None) -> list[int]:

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from runs.dataplane import current_host, host_queue
 from runs.execution import execute_claims
-from runs.models import AuditLog, Run
+from runs.models import AuditLog, Event, Run, Step
 from runs.pipeline import run_advance
-from runs.retention import purge_expired_artifacts, run_handles
+from runs.retention import purge_expired_artifacts
 from runs.services import run_submit
 from runs.tasks import purge_expired_run_artifacts
 from runs.worker_start import hosts_to_heal
@@ -25,6 +25,13 @@ from tests.conftest import make_user, purge_broker, token_client
 from tests.runs.test_ledger_heal import queued
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_handles(run: Run) -> set[str]:
+    """Every attempt's handle: the step rows keep only the latest one, the
+    events name them all."""
+    handles = set(Event.objects.filter(run=run).exclude(handle_id="").values_list("handle_id", flat=True))
+    return handles | set(Step.objects.filter(run=run).exclude(handle_id="").values_list("handle_id", flat=True))
 
 
 def finished_run(tenant, agent, *scripts: str) -> Run:
