@@ -116,7 +116,9 @@ def test_the_step_pre_started_while_its_predecessor_runs_never_runs_if_the_chain
     assert made_since(started, second) == []
 
 
-def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_run):
+def a_chain_of_two(make_run) -> tuple[Step, Step]:
+    """An EXECUTING run's steps a and then b (both `true`), a's attempt
+    started, with the fork server up as a worker's earlier steps left it."""
     forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
     run = make_run("EXECUTING")
     first, second = Step.objects.bulk_create([
@@ -124,16 +126,24 @@ def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_
         Step(run=run, step_id="b", position=1, tool="shell", params={"argv": ["true"]}, timeout_s=5,
              depends_on=["a"]),
     ])
-    first = start_attempt(first)
-    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
+    return start_attempt(first), second
+
+
+def run_true(step: Step) -> dict:
+    return executor.execute(step.handle_id, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1,
+                            plan=step.effective_plan)
+
+
+def test_a_spare_is_closed_when_the_chain_stops_at_a_cancel(tenant, agent, make_run):
+    first, second = a_chain_of_two(make_run)
+    Run.objects.filter(pk=first.run_id).update(cancel_requested_at=timezone.now(), cancel_requested_by=agent)
     first.run.cancel_requested_at = timezone.now()
-    result = executor.execute(first.handle_id, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1,
-                              plan=first.effective_plan)
+    result = run_true(first)
 
     claim = step_finish(first, 1, result, steps=[first, second])
 
     assert claim is None
-    assert Run.objects.get(pk=run.pk).state == "CLOSED_CANCELLED"
+    assert Run.objects.get(pk=first.run_id).state == "CLOSED_CANCELLED"
     assert Step.objects.get(pk=second.pk).status == StepStatus.SKIPPED
     wait_until(lambda: shims_of_the_fork_server() == [], what="the unused spare gone")
 
@@ -260,16 +270,8 @@ def test_a_forecast_step_sent_to_the_queue_keeps_the_task_directory_of_its_handl
     """The step forecast to follow gets the forecast's handle even when it
     cannot start here (no slot) and goes to the queue: the directory its
     sandbox was preset in is then that attempt's, and stays for its task."""
-    forkserver.start_server(layout.shim_python(), str(layout.tasks_dir()), 600)
-    run = make_run("EXECUTING")
-    first, second = Step.objects.bulk_create([
-        Step(run=run, step_id="a", position=0, tool="shell", params={"argv": ["true"]}, timeout_s=5),
-        Step(run=run, step_id="b", position=1, tool="shell", params={"argv": ["true"]}, timeout_s=5,
-             depends_on=["a"]),
-    ])
-    first = start_attempt(first)
-    result = executor.execute(first.handle_id, tool="shell", params={"argv": ["true"]}, timeout_s=5, attempt=1,
-                              plan=first.effective_plan)
+    first, second = a_chain_of_two(make_run)
+    result = run_true(first)
     queued = []
     monkeypatch.setattr(runs.settle, "hand_over_reservation", lambda *args: False)
     monkeypatch.setattr(runs.settle, "reserve_slot", lambda *args: False)
