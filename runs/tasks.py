@@ -120,7 +120,8 @@ def deliver_webhook(self, delivery_id: int) -> None:
 
 @celeryd_after_setup.connect
 def _consume_host_queues(sender, instance, **kwargs):
-    """Every worker also consumes its host's queue (re-attachment), and the
+    """Every worker also consumes its host's queue (re-attachment, the ledger
+    heal, the retention purge: what only a worker of that host can do), and the
     capability queue of every set of capabilities this host has (a step goes
     to the queue of what its rated plan needs, ``dataplane.queue_for``)."""
     instance.app.amqp.queues.select_add(host_queue(current_host()))

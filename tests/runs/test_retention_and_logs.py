@@ -7,6 +7,7 @@ import shutil
 from datetime import timedelta
 
 import pytest
+from celery import current_app
 from django.utils import timezone
 
 from runs.dataplane import current_host, host_queue
@@ -142,3 +143,4 @@ def test_beat_sends_each_host_seen_lately_its_own_purge():
         [message] = queued(host_queue(name))
         assert message["task"] == "runs.tasks.purge_host_artifacts" and message["expires"] is not None
     assert queued(host_queue("gone-host")) == []
+    assert "runs.tasks.purge_host_artifacts" in current_app.tasks  # the name beat's fan-out sends is a task
