@@ -34,9 +34,8 @@ last run's end), and the 50th, 95th and 99th percentiles of POST to final
 CPU a final run cost, by who spent it (the web process, the worker, the
 fork server, PostgreSQL, Redis, the kernel's threads, the shims and their
 sandboxes: from the window's start until the last run ended, ``benchcpu``)
-and the rate the
-machine's cores allow at that cost, with the load average before and after
-(the machine's speed varies; compare with it).
+and the rate the machine's cores allow at that cost, with the load average
+before and after (the machine's speed varies; compare with it).
 """
 
 import argparse
