@@ -7,6 +7,7 @@ nothing of runs.
 """
 
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -37,6 +38,15 @@ def host_queue(host: str) -> str:
 def new_handle_id(step: Step, attempt: int) -> str:
     # Unique across database resets too: a handle names a directory on disk.
     return f"h-{step.pk}-{attempt}-{secrets.token_hex(3)}"
+
+
+_ATTEMPT_HANDLE = re.compile(r"^h-(\d+)-\d+-[0-9a-f]+$")
+
+
+def handle_step_pk(handle_id: str) -> int | None:
+    """The step a ``new_handle_id`` handle names, else None."""
+    match = _ATTEMPT_HANDLE.match(handle_id)
+    return int(match[1]) if match else None
 
 
 def can_sandbox(manifest: dict | None = None) -> bool:

@@ -9,7 +9,6 @@ still hold a workspace or a log and purges those whose step's run is final
 and ended more than ``EXECGO_TASK_RETENTION_S`` ago. Each host's purge of a
 run is audited, naming the host; the run is stamped at the first."""
 
-import re
 from collections import defaultdict
 from datetime import timedelta
 
@@ -18,13 +17,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.audit import audit
-from runs.dataplane import current_host
+from runs.dataplane import current_host, handle_step_pk
 from runs.models import AuditEvent, Run, Step
 from runs.statemachine import FINAL
 from runtime.gc import handles_with_artifacts, purge_task_dirs
 
-# A step attempt's handle names its step (``dataplane.new_handle_id``).
-ATTEMPT_HANDLE = re.compile(r"^h-(\d+)-\d+-[0-9a-f]+$")
 # Steps looked up at once (a parameter each).
 LOOKUP_BATCH = 1000
 
@@ -37,8 +34,8 @@ def purge_expired_artifacts(*, now=None) -> list[int]:
     cutoff = now - timedelta(seconds=settings.EXECGO_TASK_RETENTION_S)
     waiting: dict[int, list[str]] = defaultdict(list)
     for handle_id in handles_with_artifacts():
-        if match := ATTEMPT_HANDLE.match(handle_id):
-            waiting[int(match[1])].append(handle_id)
+        if (step_pk := handle_step_pk(handle_id)) is not None:
+            waiting[step_pk].append(handle_id)
     step_pks = sorted(waiting)
     handles_of: dict[int, list[str]] = defaultdict(list)
     tenant_of: dict[int, int] = {}
